@@ -1,0 +1,37 @@
+# Two commands: `make demo` and `make test`. Each sets up .venv from scratch when missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup data lint bench clean
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints/cpu.txt -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP) data
+
+# Real Fashion-MNIST from Debian's package when we can install it (root on Debian); otherwise the
+# loader explains the other routes when that dataset is asked for.
+data:
+	@if command -v dpkg >/dev/null && ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
+		|| echo "note: could not install dataset-fashion-mnist (fashion-mnist tests will skip)"; fi
+
+demo: setup
+	$(PY) -m vitkit.demo
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

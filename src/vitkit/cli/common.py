@@ -1,0 +1,58 @@
+"""Helpers shared by subcommands: JSON-or-table output and argument types with clear errors."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable, Sequence
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                justify: Sequence[str] | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify=(justify[i] if justify else ("left" if i == 0 else "right")))
+    for row in rows:
+        table.add_row(*[str(c) for c in row])
+    Console(width=max(100, Console().width)).print(table)
+
+
+def emit(args: argparse.Namespace, data: Any, render: Callable[[Any], None]) -> None:
+    """JSON when --json was asked for, else the human rendering."""
+    if getattr(args, "json", False):
+        print_json(data)
+    else:
+        render(data)
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def img_size(text: str) -> int | tuple[int, int]:
+    """'224' or '224x320' (height x width)."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 224 or 224x320, got {text!r}") from None
+    if len(parts) not in (1, 2) or any(p <= 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected a size like 224 or 224x320, got {text!r}")
+    return parts[0] if len(parts) == 1 else (parts[0], parts[1])

@@ -1,0 +1,66 @@
+"""`vitkit` command line. Each subcommand lives in its own module in this package and exposes
+`register(subparsers)`; modules are discovered, so adding a command touches no shared file."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import pkgutil
+import sys
+
+from ..errors import VitkitError
+
+_SKIP = {"main", "common"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformers: build, import, train, "
+                                     "inspect and ship.")
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more (info level)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from . import __path__ as cli_path
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(cli_path)):
+        if mod not in _SKIP:
+            module = importlib.import_module(f"{__package__}.{mod}")
+            if hasattr(module, "register"):
+                module.register(sub)
+    return parser
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="vitkit: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+        return int(rc or 0)
+    except VitkitError as e:
+        print(f"vitkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vitkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        print(f"vitkit {args.command}: error: {e.strerror or e}: {e.filename}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug: still one line by default, the traceback on request
+        if os.environ.get("VITKIT_DEBUG"):
+            raise
+        print(f"vitkit {args.command}: internal error: {type(e).__name__}: {e} "
+              "(set VITKIT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+from .config import Preprocess, ViTConfig
+from .factory import create_model, load_model, save_model
+from .registry import list_models
+from .vision_transformer import VisionTransformer
+
+__all__ = ["Preprocess", "ViTConfig", "VisionTransformer", "create_model", "load_model", "save_model", "list_models"]

@@ -1,0 +1,44 @@
+"""Atomic file writes: write to a temp file in the same folder, fsync, then rename over the target.
+
+A crash or a full disk at any moment leaves either the old file or the new one, never half of one.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success it replaces `path` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+        with contextlib.suppress(OSError):  # make the rename itself durable
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    with atomic_path(path) as tmp:
+        write(tmp)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda p: p.write_text(text))

@@ -1,0 +1,163 @@
+"""Reading checkpoint files safely, and vitkit's own format (safetensors + config/provenance metadata).
+
+Nothing here unpickles arbitrary objects: safetensors and npz (allow_pickle=False) carry only arrays,
+and pickle-based files go through `torch.load(weights_only=True)`, which refuses code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+
+FORMAT_VERSION = 1
+META_PREFIX = "vitkit."
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory")
+    if path.is_file() and path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: the file is empty (0 bytes)")
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    _check_file(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        return load_file(str(path)), meta
+    except Exception as e:  # safetensors raises several types for bad headers / truncation
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); "
+                              "it may be truncated or corrupted") from None
+
+
+def read_torch(path: str | os.PathLike) -> dict[str, Any]:
+    """A .pth/.bin/.pt file through the weights-only unpickler (no code can run)."""
+    path = Path(path)
+    _check_file(path)
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        msg = str(e).split("\n")[0]
+        if "weights_only" in str(e) or "Unsupported global" in str(e) or "UnpicklingError" in type(e).__name__:
+            raise CheckpointError(
+                f"{path}: refused: this pickle needs more than tensors and plain containers to load "
+                f"({msg}). vitkit never unpickles code from files; if you trust the file, convert it "
+                "to safetensors in your own environment first") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {msg}); "
+                              "it may be truncated or corrupted") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
+    return obj
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    _check_file(path)
+    try:
+        with np.load(str(path), allow_pickle=False) as z:
+            return {k: torch.from_numpy(np.ascontiguousarray(z[k])) for k in z.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise CheckpointError(f"{path}: not a readable .npz archive ({type(e).__name__}: {e})") from None
+
+
+def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], dict[str, Any] | None]:
+    """Read a checkpoint file or HF directory -> (raw state dict, safetensors metadata, HF config or None)."""
+    path = Path(path)
+    hf_config = None
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        for name in ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
+                     "open_clip_pytorch_model.bin", "model.npz"):
+            if (path / name).exists():
+                weights = path / name
+                break
+        else:
+            raise CheckpointError(f"{path}: a directory without model.safetensors / pytorch_model.bin / model.npz")
+        if cfg_file.exists():
+            try:
+                hf_config = json.loads(cfg_file.read_text())
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+        sd, meta, _ = read_any(weights)
+        return sd, meta, hf_config
+    _check_file(path)
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:4] == b"PK\x03\x04":  # a zip: numpy's .npz or torch's zip-pickle
+        try:
+            with zipfile.ZipFile(path) as z:
+                is_torch = any(n.endswith("data.pkl") for n in z.namelist())
+        except zipfile.BadZipFile:
+            is_torch = path.suffix.lower() in (".pth", ".pt", ".bin", ".ckpt")
+        if not is_torch:
+            return read_npz(path), {}, None
+        return read_torch(path), {}, None
+    if path.suffix.lower() == ".safetensors" or (len(head) == 9 and head[8:9] == b"{"):
+        sd, meta = read_safetensors(path)
+        return sd, meta, None
+    return read_torch(path), {}, None
+
+
+# ---------------------------------------------------------------------------- vitkit's own format
+def save_checkpoint(
+    path: str | os.PathLike,
+    state_dict: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    preprocess: dict[str, Any] | None = None,
+    class_names: list[str] | None = None,
+    provenance: dict[str, Any] | None = None,
+) -> Path:
+    """Write weights + everything needed to rebuild and use them, atomically."""
+    from safetensors.torch import save_file
+
+    from .atomic import atomic_path
+
+    meta = {
+        META_PREFIX + "format_version": str(FORMAT_VERSION),
+        META_PREFIX + "config": json.dumps(config),
+        META_PREFIX + "preprocess": json.dumps(preprocess or {}),
+        META_PREFIX + "class_names": json.dumps(class_names or []),
+        META_PREFIX + "provenance": json.dumps(provenance or {}),
+    }
+    # safetensors refuses shared or non-contiguous storage; give it plain copies
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return path
+
+
+def parse_vitkit_meta(meta: dict[str, str], path: Path | str = "") -> dict[str, Any] | None:
+    """vitkit metadata -> dict(config, preprocess, class_names, provenance), or None for foreign files."""
+    key = META_PREFIX + "format_version"
+    if key not in meta:
+        return None
+    try:
+        version = int(meta[key])
+    except ValueError:
+        raise CheckpointError(f"{path}: unreadable vitkit format version {meta[key]!r}") from None
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: written by a newer vitkit (format {version}; this one reads up to {FORMAT_VERSION}); "
+            "upgrade vitkit to load it")
+    out = {}
+    for field in ("config", "preprocess", "class_names", "provenance"):
+        try:
+            out[field] = json.loads(meta.get(META_PREFIX + field, "null"))
+        except json.JSONDecodeError:
+            raise CheckpointError(f"{path}: corrupted vitkit metadata field {field!r}") from None
+    if not isinstance(out["config"], dict):
+        raise CheckpointError(f"{path}: vitkit metadata has no model config")
+    return out
