@@ -23,7 +23,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
 
     table = Table(title=title, show_lines=False)
     for i, col in enumerate(columns):
-        table.add_column(col, justify=(justify[i] if justify else ("left" if i == 0 else "right")))
+        table.add_column(col, justify=(justify[i] if justify else ("left" if i == 0 else "right")), no_wrap=i == 0)
     for row in rows:
         table.add_row(*[str(c) for c in row])
     Console(width=max(100, Console().width)).print(table)

@@ -14,14 +14,21 @@ from ..errors import VitkitError
 _SKIP = {"main", "common"}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line (`vitkit train: error: ...`), not a usage dump."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformers: build, import, train, "
+    parser = OneLineParser(prog="vitkit", description="Vision Transformers: build, import, train, "
                                      "inspect and ship.")
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more (info level)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     from . import __path__ as cli_path
 
     for mod in sorted(m.name for m in pkgutil.iter_modules(cli_path)):
@@ -48,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except VitkitError as e:
         print(f"vitkit {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `vitkit models | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"vitkit {args.command}: interrupted", file=sys.stderr)
         return 130

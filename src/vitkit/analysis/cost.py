@@ -1,0 +1,272 @@
+"""What a ViT costs, in closed form from its config: tokens, parameters, MACs, training activation memory.
+
+Nothing is instantiated, so ViT-H/14 or ViT-g cost as little to analyse as a tiny model.
+
+Parameters, split by part (they add up to `sum(p.numel() for p in model.parameters())` exactly):
+  patch_embed  conv C*p*p*D (+ D bias)
+  attention    qkv 3D*D (+ 3D bias), proj D*D + D, q/k LayerNorms (qk_norm), LayerScale ls1
+  mlp          fc1 D*Hm + Hm, fc2 Hm*D + D, LayerScale ls2
+  norms        every other LayerNorm: norm1/norm2 per block, norm_pre, final norm / fc_norm
+  pos_prefix   the position table (grid + prefix rows when prefix_pos) and class/distillation/register tokens
+  head         head (+ head_dist for DeiT distilled) (+ pre_logits Linear)
+
+Forward MACs (multiply-accumulates; FLOPs = 2 * MACs) per image, with T tokens, N patches, L layers:
+  patch_embed   N * C*p*p * D
+  attn_proj     L * T * 4D^2          (qkv and output projection)
+  attn_scores   L * 2 * T^2 * D       (QK^T and the attention-weighted sum AV, over all heads)
+  mlp           L * 2 * T * D * Hm
+  head          D' * K (+ D * R for pre_logits), twice for DeiT distilled
+Element-wise work (LayerNorm, softmax, GELU, residual adds) is not counted, as in torch's FlopCounterMode;
+timm's published numbers count LayerNorms and come out about 0.1% higher.
+
+Training activation memory = the tensors autograd saves for backward in one forward pass (the bulk of
+activation memory at the peak; gradients, weights and optimizer state are separate). Per sample, in elements:
+  image                       C * H * W                       (the patch conv keeps its input)
+  per block                   8 T D + 2 T Hm + 4 T + A
+      8 T D:   both LayerNorm inputs and outputs (4), the qkv output holding q, k, v (3), the attention output (1)
+      2 T Hm:  the MLP hidden before and after the activation
+      4 T:     LayerNorm mean / rstd
+      A:       H T (softmax log-sum-exp) with fused attention; H T^2 (the probabilities) on the eager path
+      qk_norm: + 3 T D + 4 H T (normalised q and k, their stats, and a copy of the attention output for proj)
+      LayerScale: + 2 T D (the two branch outputs it scales)
+  norm_pre (CLIP)             T D + 2 T
+  tail                        final norm on tokens T D + 2 T; pooled input of the head: T D for the class token
+                              (a view of all tokens), T D + D for max, D for avg; fc_norm D + 2; pre_logits R
+                              per head (assumes a classifier head reads the pooled features)
+Bytes = elements * bytes per element of `dtype` (fp32 4, bf16/fp16 2). Dropout / drop-path masks are not
+counted (the registry models train without them by default). Under autocast, LayerNorm runs in fp32, so a
+bf16 autocast run saves a little more than the pure-bf16 figure given here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from ..models.config import ViTConfig
+
+PARAM_PARTS = ("patch_embed", "attention", "mlp", "norms", "pos_prefix", "head")
+MAC_PARTS = ("patch_embed", "attn_proj", "attn_scores", "mlp", "head")
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+_TORCH_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_VARIANT = re.compile(r"\w+/\d+(?:@\d+)?")
+_CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".ckpt")
+
+
+@dataclass
+class CostReport:
+    name: str
+    img_size: tuple[int, int]
+    patch_size: int
+    grid: tuple[int, int]
+    patches: int
+    prefix_tokens: int
+    tokens: int
+    layers: int
+    heads: int
+    width: int
+    mlp_hidden: int
+    attn_scores_per_head_layer: int  # T^2: entries of one head's attention matrix
+    attn_scores_per_image: int  # L * H * T^2
+    params: dict[str, int]  # by part, see PARAM_PARTS
+    params_total: int
+    batch: int
+    macs: dict[str, int]  # by part for the whole batch, see MAC_PARTS
+    macs_total: int
+    dtype: str
+    fused_attention: bool
+    activation_bytes: int  # saved-for-backward activations of one training forward, whole batch
+    weight_bytes: int  # the parameters stored in `dtype`
+    train_state_bytes: int  # fp32 weights + grads + AdamW moments: 16 bytes per parameter
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def gmacs_per_image(self) -> float:
+        return self.macs_total / self.batch / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"], d["grid"] = list(self.img_size), list(self.grid)
+        d["gmacs_per_image"] = self.gmacs_per_image
+        return d
+
+
+# ---------------------------------------------------------------------------- resolving what to cost
+def config_from_file(path: str | os.PathLike) -> tuple[ViTConfig, str]:
+    """A checkpoint's architecture: vitkit safetensors carry it in their header (no tensors are read);
+    other layouts are imported with `load_model` and read off the weights."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".safetensors":
+        from safetensors import safe_open
+
+        from ..weights.io import parse_vitkit_meta
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+        except Exception as e:  # noqa: BLE001 -- safetensors raises several types for bad headers
+            raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+        vk = parse_vitkit_meta(meta, path)
+        if vk is not None:
+            name = (vk.get("provenance") or {}).get("arch") or path.name
+            return ViTConfig.from_dict(vk["config"]), name
+    from ..models.factory import load_model
+
+    return load_model(path).cfg, path.name
+
+
+def resolve_config(spec: Any) -> tuple[ViTConfig, str]:
+    """A model, a ViTConfig, a registered name, a big_vision variant ('B/16', 'S/14@518') or a checkpoint path."""
+    from ..models.registry import decode_variant, get_entry
+
+    if isinstance(spec, ViTConfig):
+        return spec, "config"
+    cfg = getattr(spec, "cfg", None)
+    if isinstance(cfg, ViTConfig):  # a VisionTransformer (its cfg follows set_input_size / reset_classifier)
+        return cfg, (getattr(spec, "provenance", None) or {}).get("arch", type(spec).__name__)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ConfigError(f"cannot cost a {type(spec).__name__}; give a model, a ViTConfig, a name or a path")
+    text = os.fspath(spec)
+    if os.path.exists(text):
+        return config_from_file(text)
+    if _VARIANT.fullmatch(text):
+        return decode_variant(text), text
+    if text.lower().endswith(_CHECKPOINT_SUFFIXES) or os.sep in text:
+        raise CheckpointError(f"{text}: no such file or directory")
+    entry = get_entry(text)
+    return entry.cfg, entry.name
+
+
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _TORCH_DTYPES:
+            raise ConfigError(f"dtype {dtype} is not supported; use float32, bfloat16 or float16")
+        return _TORCH_DTYPES[dtype]
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"dtype must be one of fp32, bf16, fp16, got {dtype!r}")
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+
+
+# ---------------------------------------------------------------------------- the closed forms
+def param_counts(cfg: ViTConfig) -> dict[str, int]:
+    """Parameters by part (see the module docstring); matches the named parameters of VisionTransformer(cfg)."""
+    C, p, D, L = cfg.in_chans, cfg.patch_size, cfg.embed_dim, cfg.depth
+    Hm, Dh = int(D * cfg.mlp_ratio), D // cfg.num_heads
+    N, P = cfg.grid_size[0] * cfg.grid_size[1], cfg.num_prefix_tokens
+    layer_scale = D if cfg.init_values else 0
+    attn = 3 * D * D + (3 * D if cfg.qkv_bias else 0) + D * D + D + (4 * Dh if cfg.qk_norm else 0) + layer_scale
+    mlp = D * Hm + Hm + Hm * D + D + layer_scale
+    final_norms = 2 * D if cfg.final_norm else 0  # `norm` or `fc_norm`, never both
+    pos_rows = 0 if cfg.pos_embed == "none" else N + (P if cfg.prefix_pos else 0)
+    feat, K = cfg.representation_size or D, cfg.num_classes
+    head = (feat * K + K if K else 0) * (2 if cfg.distilled else 1)
+    if cfg.representation_size:
+        head += D * feat + feat
+    return {
+        "patch_embed": C * p * p * D + (D if cfg.patch_bias else 0),
+        "attention": L * attn,
+        "mlp": L * mlp,
+        "norms": L * 4 * D + (2 * D if cfg.pre_norm else 0) + final_norms,
+        "pos_prefix": pos_rows * D + P * D,
+        "head": head,
+    }
+
+
+def mac_counts(cfg: ViTConfig) -> dict[str, int]:
+    """Forward multiply-accumulates per image by part (matmuls and the patch conv only)."""
+    C, p, D, L = cfg.in_chans, cfg.patch_size, cfg.embed_dim, cfg.depth
+    Hm = int(D * cfg.mlp_ratio)
+    N = cfg.grid_size[0] * cfg.grid_size[1]
+    T = N + cfg.num_prefix_tokens
+    feat, K = cfg.representation_size or D, cfg.num_classes
+    return {
+        "patch_embed": N * C * p * p * D,
+        "attn_proj": L * T * 4 * D * D,  # qkv (3 D^2) + proj (D^2) per token
+        "attn_scores": L * 2 * T * T * D,  # QK^T and AV: T^2 * Dh per head each, times H heads
+        "mlp": L * 2 * T * D * Hm,
+        # DeiT distilled: pre_logits and a head for both the class and the distillation token
+        "head": (feat * K + (D * feat if cfg.representation_size else 0)) * (2 if cfg.distilled else 1),
+    }
+
+
+def activation_elements(cfg: ViTConfig, fused_attention: bool = True) -> int:
+    """Elements autograd saves for backward in one training forward of one image (formula in the docstring)."""
+    D, L, H = cfg.embed_dim, cfg.depth, cfg.num_heads
+    Hm = int(D * cfg.mlp_ratio)
+    T = cfg.grid_size[0] * cfg.grid_size[1] + cfg.num_prefix_tokens
+    block = 8 * T * D + 2 * T * Hm + 4 * T + (H * T if fused_attention else H * T * T)
+    if cfg.qk_norm:
+        # normalised q and k are new tensors (+ stats); the attention output then comes back in head-major
+        # layout, so the [B, T, D] input of proj is a copy
+        block += 3 * T * D + 4 * H * T
+    if cfg.init_values:
+        block += 2 * T * D  # LayerScale keeps the branch outputs
+    stem = cfg.in_chans * cfg.img_size[0] * cfg.img_size[1] + ((T * D + 2 * T) if cfg.pre_norm else 0)
+    token_norm = cfg.final_norm and not cfg.use_fc_norm
+    tail = T * D + 2 * T if token_norm else 0  # final norm: its input and stats
+    # what pooling leaves for the next layer: the class token is a view of all final tokens; amax keeps its
+    # input and output; a mean keeps nothing but its output is the next input
+    tail += {"token": T * D, "max": T * D + D, "avg": D}[cfg.global_pool]
+    if cfg.final_norm and cfg.use_fc_norm:
+        tail += D + 2  # fc_norm output and stats
+    if cfg.representation_size:
+        tail += cfg.representation_size * (2 if cfg.distilled else 1)  # tanh outputs
+    return stem + L * block + tail
+
+
+def model_cost(
+    model_or_name_or_cfg: Any,
+    img_size: int | tuple[int, int] | None = None,
+    batch: int = 1,
+    dtype: str | torch.dtype = "fp32",
+    fused_attention: bool = True,
+    **overrides: Any,
+) -> CostReport:
+    """Tokens, parameters, MACs and training activation memory of a ViT, computed from its config alone.
+
+    `img_size` (and any ViTConfig `overrides`, e.g. num_classes=10) rebuild the config as `create_model`
+    would: the position table is sized for the new grid. MACs and activation bytes are for `batch` images.
+    """
+    cfg, name = resolve_config(model_or_name_or_cfg)
+    if img_size is not None:
+        overrides["img_size"] = img_size
+    if overrides:
+        cfg = cfg.replace(**overrides)
+    if not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch must be a positive whole number, got {batch!r}")
+    dt = _dtype_name(dtype)
+    params, macs = param_counts(cfg), {k: v * batch for k, v in mac_counts(cfg).items()}
+    total = sum(params.values())
+    gh, gw = cfg.grid_size
+    T = gh * gw + cfg.num_prefix_tokens
+    nbytes = DTYPE_BYTES[dt]
+    return CostReport(
+        name=name, img_size=cfg.img_size, patch_size=cfg.patch_size, grid=(gh, gw), patches=gh * gw,
+        prefix_tokens=cfg.num_prefix_tokens, tokens=T, layers=cfg.depth, heads=cfg.num_heads,
+        width=cfg.embed_dim, mlp_hidden=int(cfg.embed_dim * cfg.mlp_ratio),
+        attn_scores_per_head_layer=T * T, attn_scores_per_image=cfg.depth * cfg.num_heads * T * T,
+        params=params, params_total=total, batch=batch, macs=macs, macs_total=sum(macs.values()),
+        dtype=dt, fused_attention=fused_attention,
+        activation_bytes=activation_elements(cfg, fused_attention) * batch * nbytes,
+        weight_bytes=total * nbytes, train_state_bytes=total * 16, config=cfg.to_dict(),
+    )
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_count(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:,.2f}{unit}"
+    return f"{int(n)}"
