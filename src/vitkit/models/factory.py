@@ -77,11 +77,25 @@ def load_weights(model: VisionTransformer, path: str | os.PathLike, strict: bool
     else:
         imported = to_vitkit(raw, hf_config)
         sd, layout = imported.state_dict, imported.layout
+        _check_hints(model, imported.hints, path)
     report = load_into(model, sd, strict=strict, source=str(path))
     model.provenance.setdefault("source", str(path))
     model.provenance["imported_from"] = layout
     log.info("loaded %s (%s layout)", path, layout)
     return report | {"layout": layout}
+
+
+def _check_hints(model: VisionTransformer, hints: dict, path) -> None:
+    """What the source says about the architecture vs the model it is loaded into: a different head
+    count scrambles attention (an error); activation / LayerNorm eps differ only slightly (logged)."""
+    heads = hints.get("num_heads")
+    if heads is not None and heads != model.cfg.num_heads:
+        raise CheckpointError(f"{path}: the checkpoint has {heads} attention heads, the model "
+                              f"{model.cfg.num_heads} (pass num_heads={heads} or pick the matching --model)")
+    for field in ("act", "norm_eps"):
+        if field in hints and hints[field] != getattr(model.cfg, field):
+            log.info("%s: the checkpoint was trained with %s=%r, the model uses %r (outputs differ slightly; "
+                     "pass %s=%r to match)", path, field, hints[field], getattr(model.cfg, field), field, hints[field])
 
 
 def load_model(
@@ -124,7 +138,7 @@ def load_model(
             raise
         except Exception as e:  # shapes that do not form a ViT
             raise CheckpointError(f"{path}: cannot infer a ViT architecture from the weights ({e})") from None
-        pre, class_names, provenance = hints.get("_preprocess"), None, {"source": str(path)}
+        pre, class_names, provenance = hints.get("_preprocess"), hints.get("_class_names"), {"source": str(path)}
         cfg = cfg.replace(**{k: v for k, v in hints.items() if not k.startswith("_")})
     trained_classes = cfg.num_classes
     changes = dict(overrides)
@@ -151,8 +165,12 @@ def save_model(
     class_names: list[str] | None = None,
     provenance: dict[str, Any] | None = None,
     preprocess: Preprocess | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Path:
-    """vitkit safetensors: weights + config + preprocessing + class names + provenance, written atomically."""
+    """vitkit safetensors: weights + config + preprocessing + class names + provenance, written atomically.
+
+    `dtype` (e.g. torch.float16) stores floating-point weights smaller; loading casts them back to the
+    model's dtype."""
     from ..weights.io import save_checkpoint
 
     pre = preprocess or getattr(model, "preprocess", None) or default_preprocess(model.cfg)
@@ -161,4 +179,12 @@ def save_model(
         raise CheckpointError(f"{len(names)} class names for a {model.num_classes}-class head")
     prov = dict(getattr(model, "provenance", {}) or {}) | dict(provenance or {})
     prov.setdefault("params", sum(p.numel() for p in model.parameters()))
-    return save_checkpoint(path, model.state_dict(), model.cfg.to_dict(), pre.to_dict(), names, prov)
+    if isinstance(model, VisionTransformer):
+        from ..analysis.cost import mac_counts
+
+        prov.setdefault("gmacs", round(sum(mac_counts(model.cfg).values()) / 1e9, 4))
+    sd = model.state_dict()
+    if dtype is not None:
+        sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+        prov["stored_dtype"] = str(dtype).replace("torch.", "")
+    return save_checkpoint(path, sd, model.cfg.to_dict(), pre.to_dict(), names, prov)

@@ -70,5 +70,5 @@ def infer_config(sd: StateDict, hints: dict | None = None) -> ViTConfig:
                     f"pos_embed has {grid_rows} grid rows, not a square grid; pass the model name or img_size")
             kw["img_size"] = side * P
     kw["num_heads"] = hints.pop("num_heads", None) or default_heads(D)
-    kw.update(hints)
+    kw.update({k: v for k, v in hints.items() if not k.startswith("_")})  # '_preprocess' etc. are not config
     return ViTConfig(**kw)

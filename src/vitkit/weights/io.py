@@ -5,6 +5,7 @@ and pickle-based files go through `torch.load(weights_only=True)`, which refuses
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import zipfile
@@ -47,14 +48,19 @@ def read_torch(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     _check_file(path)
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        # DINO/DeiT/MAE training checkpoints store their argparse.Namespace: a plain attribute bag,
+        # safe to rebuild (anything inside it still goes through the weights-only allowlist)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
         msg = str(e).split("\n")[0]
         if "weights_only" in str(e) or "Unsupported global" in str(e) or "UnpicklingError" in type(e).__name__:
+            # torch's first line is generic; the line that names the refused object is the useful one
+            named = [ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "Unsupported" in ln]
             raise CheckpointError(
                 f"{path}: refused: this pickle needs more than tensors and plain containers to load "
-                f"({msg}). vitkit never unpickles code from files; if you trust the file, convert it "
-                "to safetensors in your own environment first") from None
+                f"({named[0] if named else msg}). vitkit never unpickles code from files; if you trust the "
+                "file, convert it to safetensors in your own environment first") from None
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {msg}); "
                               "it may be truncated or corrupted") from None
     if not isinstance(obj, dict):
@@ -68,8 +74,9 @@ def read_npz(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         with np.load(str(path), allow_pickle=False) as z:
             return {k: torch.from_numpy(np.ascontiguousarray(z[k])) for k in z.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise CheckpointError(f"{path}: not a readable .npz archive ({type(e).__name__}: {e})") from None
+    except Exception as e:  # damaged archives raise BadZipFile, zlib.error, NotImplementedError, ValueError...
+        msg = " ".join(str(e).split())[:300]
+        raise CheckpointError(f"{path}: not a readable .npz archive ({type(e).__name__}: {msg})") from None
 
 
 def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], dict[str, Any] | None]:
@@ -90,6 +97,12 @@ def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], d
                 hf_config = json.loads(cfg_file.read_text())
             except json.JSONDecodeError as e:
                 raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+        proc_file = path / "preprocessor_config.json"  # HF image processor settings (mean/std/resize)
+        if proc_file.exists():
+            try:
+                hf_config = (hf_config or {}) | {"_preprocessor_config": json.loads(proc_file.read_text())}
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{proc_file}: invalid JSON ({e})") from None
         sd, meta, _ = read_any(weights)
         return sd, meta, hf_config
     _check_file(path)
@@ -99,7 +112,7 @@ def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], d
         try:
             with zipfile.ZipFile(path) as z:
                 is_torch = any(n.endswith("data.pkl") for n in z.namelist())
-        except zipfile.BadZipFile:
+        except Exception:  # a damaged zip raises BadZipFile, NotImplementedError, OSError...: decide by name
             is_torch = path.suffix.lower() in (".pth", ".pt", ".bin", ".ckpt")
         if not is_torch:
             return read_npz(path), {}, None
@@ -120,6 +133,7 @@ def save_checkpoint(
     provenance: dict[str, Any] | None = None,
 ) -> Path:
     """Write weights + everything needed to rebuild and use them, atomically."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     from .atomic import atomic_path
@@ -134,8 +148,12 @@ def save_checkpoint(
     # safetensors refuses shared or non-contiguous storage; give it plain copies
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
     path = Path(path)
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
+    try:
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
+    except (OSError, SafetensorError) as e:  # a full disk, a read-only folder: the old file is untouched
+        raise CheckpointError(f"{path}: could not write the checkpoint ({' '.join(str(e).split())}); "
+                              "any previous file at this path is unchanged") from None
     return path
 
 

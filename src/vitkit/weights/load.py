@@ -50,10 +50,14 @@ def load_into(model, sd: StateDict, strict: bool = True, source: str = "checkpoi
         n_prefix = model._pos_prefix
         grid_rows = src.shape[1] - n_prefix
         side = math.isqrt(grid_rows)
-        if side * side != grid_rows or src.shape[-1] != own["pos_embed"].shape[-1]:
+        if src.shape[-1] != own["pos_embed"].shape[-1]:
+            raise CheckpointError(
+                f"{source}: shape mismatch for pos_embed: checkpoint {tuple(src.shape)} vs model "
+                f"{tuple(own['pos_embed'].shape)} (a different model width: check --model)")
+        if side * side != grid_rows:
             raise CheckpointError(
                 f"{source}: pos_embed {tuple(src.shape)} cannot be resampled to {tuple(own['pos_embed'].shape)}: "
-                f"{grid_rows} grid rows is not a square grid or the width differs "
+                f"{grid_rows} grid rows do not form a square grid "
                 "(does the checkpoint's prefix-token layout match the model's `prefix_pos`?)")
         sd["pos_embed"] = resample_pos_embed(
             src, model.patch_embed.grid_size, (side, side), n_prefix,

@@ -1,0 +1,110 @@
+"""`vitkit convert` round trips for foreign layouts, and the errors a wrong file or --model gives."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vitkit
+from vitkit.cli.main import main
+from vitkit.errors import CheckpointError
+from vitkit.weights.importers.jax_npz import to_jax_arrays
+
+timm = pytest.importorskip("timm")
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+from test_import_timm import BY_NAME, TINY, check, perturb, reference
+
+
+def _convert(capsys, *argv):
+    rc = main(["convert", *map(str, argv), "--json"])
+    out = capsys.readouterr()
+    return rc, (json.loads(out.out) if rc == 0 else None), out.err
+
+
+def test_convert_hf_folder_round_trip(tmp_path, capsys, photo_batch, record_parity):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    peer = perturb(ViTForImageClassification(ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                                       intermediate_size=512, image_size=32, patch_size=8,
+                                                       num_labels=10)))
+    peer.save_pretrained(tmp_path / "hf")
+    rc, info, _ = _convert(capsys, tmp_path / "hf", tmp_path / "vit.safetensors")
+    assert rc == 0 and info["layout"] == "hf-vit" and info["config"]["norm_eps"] == 1e-12
+    x = photo_batch(32)
+    with torch.no_grad():
+        ref = peer(pixel_values=x).logits, peer.vit(pixel_values=x).last_hidden_state[:, 0]
+    vk = vitkit.load_model(tmp_path / "vit.safetensors")  # vitkit's own file: config + preprocess travel along
+    assert vk.provenance["converted_from"] == str(tmp_path / "hf") and vk.preprocess.interpolation == "bilinear"
+    check(vk, x, ref, "vitkit convert HF folder -> vitkit -> load_model", record_parity)
+
+
+def test_convert_npz_round_trip(tmp_path, capsys, photo_batch, record_parity):
+    peer = perturb(TimmViT(**TINY, act_layer="gelu_tanh"))
+    np.savez(tmp_path / "ViT-Ti_8.npz", **to_jax_arrays(peer.state_dict(), 2, "vit_jax"))
+    rc, info, _ = _convert(capsys, tmp_path / "ViT-Ti_8.npz", tmp_path / "vit.safetensors")
+    assert rc == 0 and info["layout"] == "vit_jax-npz" and info["config"]["act"] == "gelu_tanh"
+    x = photo_batch(32)
+    check(vitkit.load_model(tmp_path / "vit.safetensors"), x, reference(peer, x),
+          "vitkit convert npz -> vitkit -> load_model", record_parity)
+
+
+def test_unknown_layout_lists_known_layouts(tmp_path, capsys):
+    path = tmp_path / "mystery.safetensors"
+    save_file({"encoder.stem.weight": torch.zeros(4, 3, 2, 2), "decoder.w": torch.zeros(2)}, str(path))
+    with pytest.raises(CheckpointError) as e:
+        vitkit.load_model(path)
+    for name in ("timm", "hf-transformers", "jax-npz", "clip", "dinov2", "torchvision"):
+        assert name in str(e.value)
+    assert "encoder.stem.weight" in str(e.value)
+    rc, _, err = _convert(capsys, path, tmp_path / "out.safetensors")
+    assert rc == 2 and err.count("\n") == 1 and "unrecognised checkpoint layout" in err
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_wrong_model_names_key_and_both_shapes(tmp_path, capsys):
+    peer = TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, mlp_ratio=2.0)
+    save_file(peer.state_dict(), str(tmp_path / "w.safetensors"))
+    rc, _, err = _convert(capsys, tmp_path / "w.safetensors", tmp_path / "out.safetensors",
+                          "--model", "vit_tiny_patch16_224")
+    assert rc == 2 and err.count("\n") == 1
+    # names the first mismatching key (file order) and both shapes
+    assert "shape mismatch for blocks.0.mlp.fc1." in err and "checkpoint (384," in err and "model (768," in err
+
+
+def test_missing_and_unexpected_keys_are_listed(tmp_path):
+    sd = {k: v for k, v in TimmViT(**TINY).state_dict().items() if not k.startswith("blocks.1.attn.")}
+    sd["extra_adapter.weight"] = torch.zeros(3)
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    with pytest.raises(CheckpointError) as e:
+        vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path / "w.safetensors", **BY_NAME)
+    msg = str(e.value)
+    assert "missing 4 key(s)" in msg and "blocks.1.attn.qkv.weight" in msg and "blocks.1.attn.proj.bias" in msg
+    assert "unexpected 1 key(s): extra_adapter.weight" in msg
+
+
+def test_head_count_from_source_must_match(tmp_path):
+    from transformers import ViTConfig, ViTModel
+
+    ViTModel(ViTConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, intermediate_size=512,
+                       image_size=32, patch_size=8)).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="checkpoint has 2 attention heads, the model 4"):
+        vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path, **dict(BY_NAME, depth=1, num_heads=4,
+                                                                                     num_classes=0))
+
+
+def test_unsupported_variants_are_refused_clearly(tmp_path):
+    sd = {k: v for k, v in TimmViT(**TINY, init_values=1e-5).state_dict().items()}
+    swiglu = {k.replace("mlp.fc1", "mlp.w12").replace("mlp.fc2", "mlp.w3"): v for k, v in sd.items()}
+    swiglu["mask_token"] = torch.zeros(1, 128)
+    torch.save(swiglu, tmp_path / "dinov2_vitg14.pth")
+    with pytest.raises(CheckpointError, match="SwiGLU"):
+        vitkit.load_model(tmp_path / "dinov2_vitg14.pth")
+    arrays = to_jax_arrays(TimmViT(**TINY).state_dict(), 2, "big_vision")
+    arrays["params/MAPHead_0/probe"] = np.zeros((1, 1, 128), np.float32)
+    np.savez(tmp_path / "siglip.npz", **arrays)
+    with pytest.raises(CheckpointError, match="MAP"):
+        vitkit.load_model(tmp_path / "siglip.npz")
