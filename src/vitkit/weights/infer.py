@@ -4,9 +4,13 @@ from __future__ import annotations
 import math
 import re
 
+import logging
+
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from .convert import StateDict
+
+log = logging.getLogger("vitkit")
 
 # Width -> heads where the width is not 64 per head (H, g, G use 16 heads).
 _HEADS = {1280: 16, 1408: 16, 1664: 16, 1152: 16, 96: 3}
@@ -69,6 +73,9 @@ def infer_config(sd: StateDict, hints: dict | None = None) -> ViTConfig:
                 raise CheckpointError(
                     f"pos_embed has {grid_rows} grid rows, not a square grid; pass the model name or img_size")
             kw["img_size"] = side * P
+    if hints.get("num_heads") is None:
+        log.warning("the checkpoint does not record its number of attention heads: assuming %d for width %d "
+                    "(pass num_heads=... or --model NAME if it differs)", default_heads(D), D)
     kw["num_heads"] = hints.pop("num_heads", None) or default_heads(D)
     kw.update({k: v for k, v in hints.items() if not k.startswith("_")})  # '_preprocess' etc. are not config
     return ViTConfig(**kw)

@@ -1,0 +1,140 @@
+"""`vitkit explain` and `vitkit analyze` end to end on real photos (skimage.data) and real datasets."""
+import csv
+import json
+
+import pytest
+import skimage.data
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.analysis.inputs import sample_images
+from vitkit.cli.main import main
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("explain")
+    torch.manual_seed(0)
+    rgb = vitkit.create_model("vit_tiny_patch16_224", embed_dim=32, depth=3, num_heads=4, img_size=32,
+                              patch_size=8, num_classes=5)
+    vitkit.save_model(rgb, d / "rgb.safetensors", class_names=list("abcde"))
+    gray = vitkit.create_model("vit_pico_patch2_8", embed_dim=24, depth=2, num_heads=2, num_classes=10)
+    vitkit.save_model(gray, d / "gray.safetensors")
+    photos = d / "photos"
+    (photos / "sub").mkdir(parents=True)
+    Image.fromarray(skimage.data.astronaut()).save(photos / "astronaut.png")
+    Image.fromarray(skimage.data.chelsea()).save(photos / "sub" / "chelsea.jpg")  # 451x300: not square
+    Image.fromarray(skimage.data.camera()).save(photos / "camera.png")  # grayscale
+    (d / "broken.png").write_bytes(skimage.data.astronaut().tobytes()[:500])
+    return d
+
+
+def run_json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def png_size(path):
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        return im.size
+
+
+@pytest.mark.parametrize("method", ["rollout", "cls-attention", "grad-rollout"])
+def test_explain_writes_overlay_and_head_grid(files, capsys, method):
+    out = files / f"out-{method}.png"
+    extra = ["--class", "3"] if method == "grad-rollout" else ["--head-fusion", "max", "--discard-ratio", "0.2"]
+    info = run_json(capsys, ["explain", str(files / "rgb.safetensors"), str(files / "photos/sub/chelsea.jpg"),
+                             "--method", method, "--out", str(out)] + extra)
+    assert info["grid"] == [4, 4] and info["input_size"] == [32, 32]
+    assert info["top"][0]["name"] in list("abcde") and len(info["top"]) == 5
+    assert info["target"] == (3 if method == "grad-rollout" else info["top"][0]["class"])
+    assert png_size(out) == (800, 450) and out.stat().st_size > 5000
+    assert png_size(info["heads_out"]) == (1000, 310)  # 4 heads: 4 columns x 1 row
+
+
+def test_explain_non_square_size_and_grayscale_model(files, capsys):
+    info = run_json(capsys, ["explain", str(files / "rgb.safetensors"), str(files / "photos/astronaut.png"),
+                             "--img-size", "32x56", "--out", str(files / "wide.png")])
+    assert info["grid"] == [4, 7]
+    info = run_json(capsys, ["explain", str(files / "gray.safetensors"), str(files / "photos/astronaut.png"),
+                             "--out", str(files / "gray.png")])
+    assert info["grid"] == [4, 4] and png_size(files / "gray.png") == (800, 450)
+
+
+def test_explain_errors_are_one_line(files, capsys):
+    rc = main(["explain", str(files / "rgb.safetensors"), str(files / "broken.png")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "broken.png" in err and "corrupt" in err
+    rc = main(["explain", str(files / "rgb.safetensors"), str(files / "photos/camera.png"),
+               "--method", "grad-rollout", "--class", "7"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "out of range" in err and len(err.splitlines()) == 1
+
+
+def test_analyze_folder_writes_csv_figures_and_object_mass(files, capsys):
+    out = files / "analysis"
+    info = run_json(capsys, ["analyze", str(files / "rgb.safetensors"), "--data", str(files / "photos"),
+                             "--out", str(out), "--object-mass", "0.3"])
+    assert info["images"] == 3 and "3 of 3" in info["sample"]
+    with open(out / "attention_distance.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 * 4  # layers x heads
+    for r in rows:
+        assert float(r["mean_distance_px"]) == pytest.approx(
+            info["mean_distance_px"][int(r["layer"]) - 1][int(r["head"])], abs=1e-3)
+        assert 0 < float(r["mean_distance_px"]) < 32 * 2**0.5
+    assert png_size(out / "attention_distance.png") == (700, 450)
+    assert png_size(out / "pos_embed_similarity.png") == (700, 650)
+    assert png_size(out / "patch_filters_pca.png") == (840, 560)  # 28 components, 7 x 4 tiles
+    om = info["object_mass"]
+    assert 0 <= om["mass"] <= 1 and 0 < om["share"] < 1 and om["n"] == 3
+    assert json.loads((out / "summary.json").read_text())["mean_distance_px"] == info["mean_distance_px"]
+
+
+def test_analyze_builtin_digits_and_glob(files, capsys):
+    info = run_json(capsys, ["analyze", str(files / "gray.safetensors"), "--data", "digits", "--samples", "16",
+                             "--components", "5", "--out", str(files / "digits")])
+    assert info["images"] == 16 and len(info["per_layer_mean_px"]) == 2
+    # 1-channel 2x2 filters span only 4 dimensions: 4 components, one row of 4 tiles
+    assert png_size(files / "digits/patch_filters_pca.png") == (480, 200)
+    info = run_json(capsys, ["analyze", str(files / "rgb.safetensors"), "--data", str(files / "photos/**/*.jpg"),
+                             "--out", str(files / "glob")])
+    assert info["images"] == 1
+
+
+def test_analyze_bad_data_is_one_line(files, capsys):
+    rc = main(["analyze", str(files / "rgb.safetensors"), "--data", str(files / "nothing-here"),
+               "--out", str(files / "x")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "nothing-here" in err and len(err.splitlines()) == 1
+
+
+def test_fashion_mnist_sample_reads_the_idx_files():
+    from vitkit.data import fashion_mnist
+
+    if fashion_mnist.find_local() is None:
+        pytest.skip("Fashion-MNIST not present")
+    ims, desc = sample_images("fashion-mnist", 4, channels=1)
+    assert len(ims) == 4 and "test split (4 of 10000" in desc
+    assert all(im.size == (28, 28) and im.mode == "L" for im in ims)
+    import numpy as np
+
+    pix = np.stack([np.asarray(im) for im in ims])
+    assert pix.max() > 200 and (pix == 0).mean() > 0.2  # bright garments on a black background
+
+
+def test_explain_headless_model(files, capsys, tmp_path):
+    torch.manual_seed(0)
+    m = vitkit.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2, img_size=32, patch_size=8,
+                            num_classes=0)
+    vitkit.save_model(m, tmp_path / "headless.safetensors")
+    info = run_json(capsys, ["explain", str(tmp_path / "headless.safetensors"), str(files / "photos/camera.png"),
+                             "--out", str(tmp_path / "h.png")])
+    assert info["top"] == [] and info["target"] is None and png_size(tmp_path / "h.png") == (800, 450)
+    rc = main(["explain", str(tmp_path / "headless.safetensors"), str(files / "photos/camera.png"),
+               "--method", "grad-rollout", "--out", str(tmp_path / "g.png")])
+    assert rc == 2 and "classification head" in capsys.readouterr().err
