@@ -1,0 +1,161 @@
+"""Loading image files the way a user expects, or refusing them with one clear line.
+
+Every image file goes through `load_image`: it returns a fully decoded 'RGB' (or 'L') PIL image, or raises
+`ImageError` naming the file. Choices (documented here because they change pixels):
+
+- transparency (RGBA, LA, palette/gray/RGB with a tRNS colour) is composited onto WHITE, the way viewers
+  and browsers show it, rather than dropping the alpha (which exposes whatever colour hides under it);
+- 16-bit and float images ('I;16', 'I', 'F') are scaled to 8 bits by their range, never clipped:
+  'I;16' and integer data within 0..65535 divide by 257; float data within 0..1 multiply by 255; data
+  already within 0..255 is kept; anything else is min-max stretched;
+- CMYK uses the embedded ICC profile when there is one (Pillow's plain CMYK->RGB otherwise);
+- EPS is refused (Pillow would run Ghostscript on it);
+- EXIF orientation is applied; animated GIF/WebP/APNG give their first frame;
+- a declared size above `MAX_PIXELS` (or the `max_pixels` argument) is refused from the header alone,
+  before any pixel memory is allocated; truncated files are errors (we never set LOAD_TRUNCATED_IMAGES).
+"""
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from ..errors import ImageError
+
+MAX_PIXELS = 64_000_000  # 64 megapixels: ~8000x8000; a 100000x100000 header is a decompression bomb
+
+# EPS is decoded by running the external Ghostscript interpreter on the file: a long history of code
+# execution bugs, and never a training image. Everything else Pillow reads natively.
+_REFUSED_FORMATS = frozenset({"EPS"})
+# extensions Pillow can open (registered for a format that has an opener), lower case with the dot
+IMAGE_EXTENSIONS = frozenset(ext.lower() for ext, fmt in Image.registered_extensions().items()
+                             if fmt in Image.OPEN and fmt not in _REFUSED_FORMATS)
+_FORMATS = tuple(fmt for fmt in Image.OPEN if fmt not in _REFUSED_FORMATS)
+
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    """True when the file name has an extension Pillow can read (the content is not checked)."""
+    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def load_image(path: str | os.PathLike, channels: int = 3, max_pixels: int | None = None) -> Image.Image:
+    """Decode `path` fully into an 'RGB' (channels=3) or 'L' (channels=1) image, or raise ImageError."""
+    if channels not in (1, 3):
+        raise ImageError(f"{path}: channels must be 1 or 3, got {channels}")
+    limit = MAX_PIXELS if max_pixels is None else max_pixels
+    path = Path(path)
+    if not path.exists():
+        raise ImageError(f"{path}: no such file")
+    if path.is_dir():
+        raise ImageError(f"{path}: is a directory, not an image file")
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ImageError(f"{path}: cannot read ({e.strerror or e})") from None
+    if size == 0:
+        raise ImageError(f"{path}: the file is empty (0 bytes)")
+
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns (not raises) between its own limit and twice it: treat that as a refusal too
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path, formats=_FORMATS) as img:  # reads the header only
+                w, h = img.size
+                if w * h > limit:
+                    raise ImageError(f"{path}: declared size {w}x{h} = {w * h / 1e6:.0f} megapixels is above "
+                                     f"the {limit / 1e6:.0f} megapixel limit (possible decompression bomb); "
+                                     "raise vitkit.data.images.MAX_PIXELS if the image is genuine")
+                img.seek(0)  # first frame of animations
+                img.load()  # force the full decode now: truncation and corrupt data surface here
+                img = ImageOps.exif_transpose(img)
+                return _to_mode(img, channels, path)
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ImageError(f"{path}: refused as a possible decompression bomb ({_one_line(e)})") from None
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"{path}: not an image file Pillow can read (unknown or corrupt format)") from None
+    except PermissionError as e:
+        raise ImageError(f"{path}: cannot read ({e.strerror or e})") from None
+    except MemoryError:
+        raise ImageError(f"{path}: out of memory while decoding (image too large or corrupt)") from None
+    except Exception as e:  # noqa: BLE001  corrupt data raises many types inside Pillow's plugins
+        raise ImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {_one_line(e)})") from None
+
+
+def load_tensor(path: str | os.PathLike, channels: int = 3, max_pixels: int | None = None):
+    """`load_image` as a uint8 tensor [C, H, W]."""
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    return pil_to_tensor(load_image(path, channels, max_pixels))
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:200] if text else type(e).__name__
+
+
+def _to_mode(img: Image.Image, channels: int, path: Path) -> Image.Image:
+    mode = img.mode
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        gray = _scale_to_8bit(np.asarray(img))  # [H, W] uint8
+        out = Image.fromarray(gray, mode="L")
+        return out if channels == 1 else out.convert("RGB")
+    if mode == "CMYK":
+        img = _cmyk_to_rgb(img)
+    elif mode == "1":
+        img = img.convert("L")
+    elif mode == "P":
+        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+    elif mode in ("L", "RGB") and "transparency" in img.info:  # a tRNS colour key
+        img = img.convert("RGBA" if mode == "RGB" else "LA")
+    if img.mode in _ALPHA_MODES:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, rgba).convert("RGB")
+    target = "L" if channels == 1 else "RGB"
+    if img.mode != target:
+        try:
+            img = img.convert(target)
+        except (ValueError, OSError) as e:
+            raise ImageError(f"{path}: cannot convert image mode {mode} to {target} ({_one_line(e)})") from None
+    else:
+        img = img.copy()  # detach from the (closing) file
+    return img
+
+
+def _scale_to_8bit(a: np.ndarray) -> np.ndarray:
+    """16-bit / int32 / float pixels -> uint8 by the smallest standard range that holds them (no clipping)."""
+    is_float = a.dtype.kind == "f"
+    a = a.astype(np.float64)
+    finite = a[np.isfinite(a)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    if is_float and lo >= 0 and hi <= 1:
+        scaled = a * 255.0
+    elif lo >= 0 and hi <= 255:
+        scaled = a
+    elif lo >= 0 and hi <= 65535:
+        scaled = a / 257.0
+    else:  # outside any standard range: stretch min..max
+        scaled = (a - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(a)
+    return np.clip(np.nan_to_num(np.round(scaled), nan=0.0), 0, 255).astype(np.uint8)
+
+
+def _cmyk_to_rgb(img: Image.Image) -> Image.Image:
+    icc = img.info.get("icc_profile")
+    if icc:
+        try:
+            from PIL import ImageCms
+
+            src = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+            dst = ImageCms.createProfile("sRGB")
+            return ImageCms.profileToProfile(img, src, dst, outputMode="RGB")
+        except Exception:  # noqa: BLE001, S110  a broken or unsupported profile: use the plain conversion
+            pass
+    return img.convert("RGB")
