@@ -408,3 +408,19 @@ def test_save_model_on_full_disk_keeps_previous_checkpoint(tiny_disk):
     assert _tree(tiny_disk) == ["model.safetensors"], "temp file left behind on the full disk"
     reloaded = vitkit.load_model(target)
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), small.state_dict().values()))
+
+
+def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
+    """A writer killed mid-write leaves `.NAME.<pid>.xxxx.tmp`; the next write to NAME removes it,
+    but never the temp file of a writer that is still alive."""
+    from vitkit.weights.atomic import atomic_write_text
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f".ckpt.json.{dead_pid}.abc123.tmp"
+    stale.write_text("half")
+    live = tmp_path / f".ckpt.json.{os.getppid()}.def456.tmp"
+    live.write_text("in progress")
+    atomic_write_text(tmp_path / "ckpt.json", "{}")
+    assert not stale.exists() and live.exists()
+    assert (tmp_path / "ckpt.json").read_text() == "{}"
