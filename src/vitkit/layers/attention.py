@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .mlp import Linear
+
 
 class AttentionMap(nn.Module):
     """Identity on the softmax probabilities [B, H, N, N]; exists so hooks have a named place to attach.
@@ -15,6 +17,16 @@ class AttentionMap(nn.Module):
 
     def forward(self, attn: torch.Tensor) -> torch.Tensor:
         return attn
+
+
+def sdpa_is_slower(q: torch.Tensor) -> bool:
+    """True where two plain matmuls + softmax beat F.scaled_dot_product_attention.
+
+    On CPU in bf16/fp16 PyTorch's flash kernel is 2-5x slower than the matmul form at ViT sequence
+    lengths (forward and backward; measured with torch 2.4-2.14). Past ~1k tokens the two are even and
+    the [B, H, N, N] matrix gets large, so SDPA keeps those.
+    """
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-2] <= 1024
 
 
 class Attention(nn.Module):
@@ -38,12 +50,12 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.fused = True
         # rows of qkv are ordered q | k | v, heads contiguous inside each (timm's layout)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.attn_map = AttentionMap()
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, return_attn: bool = False):
@@ -52,7 +64,7 @@ class Attention(nn.Module):
         q, k, v = qkv.unbind(0)  # each [B, H, N, Dh]
         q, k = self.q_norm(q), self.k_norm(k)
         attn = None
-        if self.fused and not return_attn:
+        if self.fused and not return_attn and not sdpa_is_slower(q):
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, H, N, N]

@@ -2,9 +2,55 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..errors import ConfigError
+
+_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _onednn_mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b.T (+ bias) by oneDNN; a [..., K], b [N, K]."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return _onednn_mm_t(x, weight, bias)  # [..., out]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        grad2d = grad.reshape(-1, grad.shape[-1])  # [M, out]
+        grad_x = _onednn_mm_t(grad, weight.t().contiguous()) if need_x else None  # [..., in]
+        grad_w = _onednn_mm_t(grad2d.t().contiguous(), x.reshape(-1, x.shape[-1]).t().contiguous()) if need_w else None
+        return grad_x, grad_w, grad2d.sum(0) if need_b else None  # [out, in], [out]
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state-dict keys) whose fp32 CPU matmuls run in oneDNN.
+
+    torch's fp32 F.linear goes to MKL sgemm, which takes its AVX2 path on AMD CPUs: on the project's
+    EPYC it measured ~100 GFLOP/s per core against ~220 for oneDNN's matmul; ViT-Ti/S inference ran
+    1.4-1.8x and small-model fp32 training steps 1.6x faster, outputs and gradients equal to 1e-6.
+    Autocast, other dtypes, compiled or traced code and dispatch modes (FlopCounterMode, fake tensors)
+    keep F.linear: inductor and the exporters have their own kernels, and the counters do not know it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (_ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu"
+                and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+                and _current_dispatch_mode() is None):
+            if not torch.is_grad_enabled():
+                return _onednn_mm_t(x, self.weight, self.bias)
+            return _OneDnnLinear.apply(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class QuickGELU(nn.Module):
@@ -27,10 +73,10 @@ def make_act(name: str) -> nn.Module:
 class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        self.fc1 = Linear(dim, hidden, bias=bias)
         self.act = make_act(act)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+        self.fc2 = Linear(hidden, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

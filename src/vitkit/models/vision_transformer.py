@@ -200,13 +200,16 @@ class VisionTransformer(nn.Module):
         return self.num_prefix_tokens if self.cfg.prefix_pos else 0
 
     # ------------------------------------------------------------------ forward
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, Gh, Gw, D] patch grid -> [B, P + Gh*Gw, D] tokens with positions added."""
+    def _pos_embed(self, x: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, Gh, Gw, D] patch grid -> [B, P + Gh*Gw, D] tokens with positions added.
+
+        `pos`: a position table already sized for this grid (the ONNX export resamples it in-graph)."""
         B, gh, gw, D = x.shape
-        pos = self.pos_embed
-        if pos is not None and (gh, gw) != self.patch_embed.grid_size:
-            pos = resample_pos_embed(pos, (gh, gw), self.patch_embed.grid_size, self._pos_prefix,
-                                     self.cfg.pos_interpolation, self.cfg.pos_antialias)
+        if pos is None and self.pos_embed is not None:
+            pos = self.pos_embed
+            if (gh, gw) != self.patch_embed.grid_size:
+                pos = resample_pos_embed(pos, (gh, gw), self.patch_embed.grid_size, self._pos_prefix,
+                                         self.cfg.pos_interpolation, self.cfg.pos_antialias)
         x = x.reshape(B, gh * gw, D)  # [B, N, D]
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if pos is None:

@@ -1,0 +1,93 @@
+"""`vitkit export CKPT --onnx OUT.onnx`: an ONNX Runtime model, checked against PyTorch on export.
+
+Dynamic batch by default; `--dynamic-size` also lets H and W vary (positions resampled bilinearly in the
+graph, see vitkit.export.onnx). `--int8` adds OUT.int8.onnx (dynamic quantisation) and, with
+`--eval-data`, prints its top-1 change beside its speed-up over the fp32 graph.
+"""
+from __future__ import annotations
+
+from .common import add_json, emit, positive_int, print_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="export a checkpoint to ONNX (parity-checked), optionally int8-quantised")
+    p.add_argument("checkpoint", help="any checkpoint vitkit can load")
+    p.add_argument("--onnx", required=True, metavar="OUT.onnx", help="where to write the ONNX model")
+    p.add_argument("--dynamic-size", action="store_true",
+                   help="any H, W that are multiples of the patch (bilinear position resampling)")
+    p.add_argument("--static-batch", action="store_true", help="fix the batch size to 2 (the export example)")
+    p.add_argument("--opset", type=positive_int, default=18)
+    p.add_argument("--tol", type=float, default=1e-4, help="largest logit difference allowed vs PyTorch")
+    p.add_argument("--int8", action="store_true", help="also write OUT.int8.onnx (dynamic int8 quantisation)")
+    p.add_argument("--eval-data", metavar="DATA",
+                   help="with --int8: measure top-1 of PyTorch, ONNX fp32 and int8 on this dataset's test split "
+                        "(digits | fashion-mnist | FOLDER | CSV)")
+    p.add_argument("--eval-limit", type=positive_int, default=None, help="evaluate at most this many images")
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from ..export.onnx import OnnxRunner, compare_top1, export_onnx, quantize_int8
+    from ..models.factory import load_model
+
+    model = load_model(args.checkpoint).eval()
+    out = export_onnx(model, args.onnx, dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,
+                      opset=args.opset, tol=args.tol)
+    out["checkpoint"] = str(args.checkpoint)
+    if args.int8:
+        onnx_path = Path(args.onnx)
+        q_path = quantize_int8(onnx_path, onnx_path.with_suffix(".int8.onnx"))
+        out["int8"] = {"path": str(q_path), "speedup_vs_fp32_onnx": _speedup(OnnxRunner(onnx_path), OnnxRunner(q_path),
+                                                                              model.cfg)}
+        if args.eval_data:
+            loader = _eval_batches(model, args.eval_data, args.eval_limit)
+            acc = compare_top1({"pytorch": model, "onnx": OnnxRunner(onnx_path), "int8": OnnxRunner(q_path)}, loader)
+            out["int8"]["accuracy"] = acc
+            out["int8"]["top1_change_points"] = acc["top1"]["int8"] - acc["top1"]["pytorch"]
+
+    def render(d):
+        rows = [("written", d["path"]), ("max |logit diff| vs PyTorch", f"{d['max_abs_diff']:.2e}"),
+                ("checked shapes (B, H, W)", ", ".join("x".join(map(str, s)) for s in d["checked_shapes"])),
+                ("dynamic batch / size", f"{d['dynamic_batch']} / {d['dynamic_size']}")]
+        if "int8" in d:
+            q = d["int8"]
+            rows += [("int8 model", q["path"]), ("int8 speed-up vs fp32 ONNX (batch 8)", f"{q['speedup_vs_fp32_onnx']:.2f}x")]
+            if "accuracy" in q:
+                t = q["accuracy"]["top1"]
+                rows += [(f"top-1 on {args.eval_data} ({q['accuracy']['count']} images)",
+                          f"PyTorch {t['pytorch']:.2f}%  ONNX {t['onnx']:.2f}%  int8 {t['int8']:.2f}%"),
+                         ("int8 top-1 change", f"{q['top1_change_points']:+.2f} points")]
+        print_table(f"exported {d['checkpoint']}", ["", ""], rows, justify=["left", "left"])
+
+    emit(args, out, render)
+    return 0
+
+
+def _speedup(fp32, int8, cfg, batch: int = 8, repeats: int = 7) -> float:
+    """Paired speed ratio fp32-time / int8-time on one random batch."""
+    import numpy as np
+
+    from .bench import paired_ratio, paired_times
+
+    x = np.random.default_rng(0).standard_normal((batch, cfg.in_chans, *cfg.img_size)).astype(np.float32)
+    t = paired_times({"fp32": lambda: fp32(x), "int8": lambda: int8(x)}, 2, repeats)
+    return paired_ratio(t["fp32"], t["int8"])
+
+
+def _eval_batches(model, spec: str, limit: int | None, batch_size: int = 256):
+    from torch.utils.data import DataLoader, Subset
+
+    from ..data.datasets import Transformed, load_data, map_labels
+    from ..data.transforms import eval_transform
+    from ..training.models import in_chans
+
+    data = load_data(spec, channels=in_chans(model))
+    if model.class_names:
+        map_labels(data, model.class_names)
+    ds = data.test or data.val or data.train
+    if limit and limit < len(ds):
+        ds = Subset(ds, range(limit))
+    return DataLoader(Transformed(ds, eval_transform(model.preprocess), deterministic=False), batch_size=batch_size)

@@ -1,0 +1,212 @@
+"""ONNX export with a parity check, an ONNX Runtime runner, and int8 dynamic quantisation.
+
+Shapes. The batch is dynamic by default. The image size is fixed by default: at run time the model
+resamples its position table with bicubic + antialias interpolation, which ONNX Runtime has no exact
+counterpart for. `dynamic_size=True` exports any multiple of the patch size instead, resampling the
+table *bilinearly without antialias* inside the graph: exact at the native size, and at other sizes
+equal to the PyTorch model with `pos_interpolation="bilinear", pos_antialias=False`.
+
+The exported file carries the model's config, preprocessing and class names in its metadata, so
+`OnnxRunner(path)` can stand in for the model in predict/eval.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import VitkitError
+from ..models.config import Preprocess, ViTConfig
+
+META_KEY = "vitkit"
+
+
+class ExportError(VitkitError):
+    """The exported graph could not be produced, or disagrees with the PyTorch model."""
+
+
+class _AnySizeViT(nn.Module):
+    """The model with its position table resampled inside the graph, so H and W can stay symbolic.
+
+    (`resample_pos_embed` turns sizes into Python ints, which would freeze them at export.)
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        grid = m.patch_embed(x)  # [B, gh, gw, D]
+        pos = m.pos_embed
+        if pos is not None:
+            n_prefix, (oh, ow) = m._pos_prefix, m.patch_embed.grid_size
+            table = pos[:, n_prefix:].reshape(1, oh, ow, -1).permute(0, 3, 1, 2)  # [1, D, oh, ow]
+            table = F.interpolate(table, size=grid.shape[1:3], mode="bilinear", align_corners=False)
+            pos = torch.cat([pos[:, :n_prefix], table.permute(0, 2, 3, 1).flatten(1, 2)], dim=1)  # [1, P+N, D]
+        tokens = m.norm_pre(m._pos_embed(grid, pos=pos))
+        return m.forward_head(m.norm(m.blocks(tokens)))
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    dynamic_batch: bool = True,
+    dynamic_size: bool = False,
+    opset: int = 18,
+    tol: float = 1e-4,
+) -> dict[str, Any]:
+    """Write `model` (fp32, eval) to `path` and check it against PyTorch in ONNX Runtime.
+
+    Returns {"path", "max_abs_diff", "checked_shapes", "dynamic_batch", "dynamic_size", "opset"};
+    raises ExportError when the largest logit difference exceeds `tol`.
+    """
+    net = copy.deepcopy(model).float().eval()  # the caller's model keeps its dtype and mode
+    cfg: ViTConfig = net.cfg
+    if dynamic_size:
+        net.cfg = cfg.replace(pos_interpolation="bilinear", pos_antialias=False)  # what the graph computes
+    graph = _AnySizeViT(net).eval() if dynamic_size else net
+    C, (H, W), p = cfg.in_chans, cfg.img_size, cfg.patch_size
+    gen = torch.Generator().manual_seed(0)
+    example = torch.randn(2, C, H, W, generator=gen)
+    dims: dict[int, Any] = {}
+    if dynamic_batch:
+        dims[0] = torch.export.Dim("batch", min=1, max=4096)
+    if dynamic_size:
+        dims[2] = p * torch.export.Dim("grid_h", min=1, max=1024)
+        dims[3] = p * torch.export.Dim("grid_w", min=1, max=1024)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        program = torch.onnx.export(
+            graph, (example,), dynamo=True, opset_version=opset, input_names=["images"],
+            output_names=["logits"], dynamic_shapes={"x": dims} if dims else None, verbose=False,
+        )
+    except Exception as e:  # noqa: BLE001 - the exporter raises many kinds; keep the first line
+        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    meta = {"config": cfg.to_dict() | ({"pos_interpolation": "bilinear", "pos_antialias": False} if dynamic_size else {}),
+            "preprocess": _preprocess(model).to_dict(), "class_names": getattr(model, "class_names", None),
+            "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size}
+    program.model.metadata_props[META_KEY] = json.dumps(meta)
+    program.save(path)
+
+    # parity: the batch sizes and image sizes the graph promises, against the PyTorch model
+    shapes = [(2, H, W)] + ([(3, H, W)] if dynamic_batch else [])
+    if dynamic_size:
+        shapes.append((shapes[-1][0], H + p, W + 2 * p))
+    runner = OnnxRunner(path)
+    worst = 0.0
+    for b, h, w in shapes:
+        x = torch.randn(b, C, h, w, generator=gen)
+        with torch.no_grad():
+            expect = net(x).numpy()
+        worst = max(worst, float(np.abs(runner(x.numpy()) - expect).max()))
+    if not worst <= tol:
+        raise ExportError(f"{path}: ONNX Runtime logits differ from PyTorch by {worst:.2e} (tolerance {tol:.0e})")
+    return {"path": str(path), "max_abs_diff": worst, "checked_shapes": [list(s) for s in shapes],
+            "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size, "opset": opset}
+
+
+def _preprocess(model: nn.Module) -> Preprocess:
+    from ..models.config import default_preprocess
+
+    return getattr(model, "preprocess", None) or default_preprocess(model.cfg)
+
+
+class OnnxRunner:
+    """An exported vitkit model in ONNX Runtime, usable where predict/eval expect a model.
+
+    `runner(images)` takes [B, C, H, W] as a numpy array or torch tensor and returns the logits [B, K]
+    in the same kind. `preprocess`, `class_names`, `num_classes` and `cfg` come from the file's metadata.
+    """
+
+    training = False
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None):
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ExportError(f"{self.path}: no such ONNX file")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or torch.get_num_threads()
+        try:
+            self.session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - ORT raises its own untyped errors
+            raise ExportError(f"{self.path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
+        self.input_name = self.session.get_inputs()[0].name
+        raw = self.session.get_modelmeta().custom_metadata_map.get(META_KEY)
+        meta = json.loads(raw) if raw else {}
+        self.meta = meta
+        self.cfg = ViTConfig.from_dict(meta["config"]) if "config" in meta else None
+        self.preprocess = Preprocess.from_dict(meta["preprocess"]) if meta.get("preprocess") else None
+        self.class_names = meta.get("class_names")
+        out_shape = self.session.get_outputs()[0].shape
+        self.num_classes = self.cfg.num_classes if self.cfg else out_shape[-1]
+
+    def __call__(self, images):
+        if isinstance(images, torch.Tensor):
+            out = self.session.run(None, {self.input_name: images.detach().float().cpu().numpy()})[0]
+            return torch.from_numpy(out)
+        return self.session.run(None, {self.input_name: np.asarray(images, dtype=np.float32)})[0]
+
+    # the bits of nn.Module that predict/eval touch
+    def eval(self) -> OnnxRunner:
+        return self
+
+    def train(self, mode: bool = True) -> OnnxRunner:
+        if mode:
+            raise ExportError("an ONNX model cannot be trained")
+        return self
+
+    def to(self, *args, **kwargs) -> OnnxRunner:
+        return self
+
+
+def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Dynamic int8 quantisation (weights int8 per channel, activations quantised on the fly) of the
+    matmuls; the metadata travels with it."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src, dst = Path(src), Path(dst)
+    logging.disable(logging.WARNING)  # it advises a pre-processing pass on every call
+    try:
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul", "Gemm"])
+    finally:
+        logging.disable(logging.NOTSET)
+    meta = {p.key: p.value for p in onnx.load(src, load_external_data=False).metadata_props}
+    if meta:
+        q = onnx.load(dst)
+        onnx.helper.set_model_props(q, meta)
+        onnx.save(q, dst)
+    return dst
+
+
+def compare_top1(models: dict[str, Callable], batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """Top-1 (%) of each model on the same labelled batches, and how often each agrees with the first."""
+    names = list(models)
+    correct = dict.fromkeys(names, 0)
+    agree = dict.fromkeys(names, 0)
+    n = 0
+    with torch.no_grad():
+        for x, y in batches:
+            preds = {k: torch.as_tensor(np.asarray(m(x))).argmax(-1) for k, m in models.items()}  # [B] each
+            for k in names:
+                correct[k] += int((preds[k] == y).sum())
+                agree[k] += int((preds[k] == preds[names[0]]).sum())
+            n += len(y)
+    n = max(n, 1)
+    return {"count": n, "top1": {k: 100.0 * correct[k] / n for k in names},
+            "agreement_with_" + names[0]: {k: 100.0 * agree[k] / n for k in names[1:]}}

@@ -1,0 +1,104 @@
+"""ONNX export, ONNX Runtime parity, int8 quantisation and the `vitkit export` CLI, on a small model
+trained for a few seconds on sklearn's digits (so that argmax agreement means something)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit.cli.main import main
+from vitkit.export import ExportError, OnnxRunner, compare_top1, export_onnx, quantize_int8
+
+pytest.importorskip("onnxruntime")
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0  # [N, 1, 8, 8] in [0, 1]
+    return (x - 0.5) / 0.5, torch.tensor(d.target)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A pico ViT trained ~300 steps on 1500 digits; the remaining 297 are held out."""
+    torch.manual_seed(0)
+    x, y = _digits()
+    model = vitkit.create_model("vit_pico_patch2_8")
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    for step in range(300):
+        idx = torch.randint(0, 1500, (64,))
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    path = tmp_path_factory.mktemp("export") / "pico.onnx"
+    report = export_onnx(model, path)  # fixed size, dynamic batch
+    return model, path, report, (x[1500:], y[1500:])
+
+
+def test_fixed_size_export_matches_pytorch_at_any_batch(trained):
+    model, path, report, (x, _) = trained
+    assert report["max_abs_diff"] <= 1e-4 and report["dynamic_batch"] and not report["dynamic_size"]
+    runner = OnnxRunner(path, threads=1)
+    assert runner.session.get_inputs()[0].shape[0] == "batch"
+    for b in (1, 7, 64):
+        with torch.no_grad():
+            expect = model(x[:b])
+        got = runner(x[:b])  # tensor in, tensor out
+        assert isinstance(got, torch.Tensor) and got.shape == (b, 10)
+        assert (got - expect).abs().max() <= 1e-4
+    assert isinstance(runner(x[:2].numpy()), np.ndarray)
+    # metadata travels: predict/eval read these off the runner as off a model
+    assert runner.cfg == model.cfg and runner.num_classes == 10
+    assert runner.preprocess.input_size == (1, 8, 8) and not runner.training
+
+
+def test_dynamic_size_export_runs_any_multiple_of_the_patch(trained, tmp_path):
+    model = trained[0]
+    report = export_onnx(model, tmp_path / "any.onnx", dynamic_size=True)
+    assert report["max_abs_diff"] <= 1e-4 and [3, 10, 12] in report["checked_shapes"]
+    runner = OnnxRunner(tmp_path / "any.onnx", threads=1)
+    x = torch.randn(2, 1, 14, 6)
+    # the graph resamples positions bilinearly without antialias: the PyTorch model configured that way
+    bilinear = vitkit.VisionTransformer(model.cfg.replace(pos_interpolation="bilinear", pos_antialias=False)).eval()
+    bilinear.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert (runner(x) - bilinear(x)).abs().max() <= 1e-4
+        assert (runner(trained[3][0][:4]) - model(trained[3][0][:4])).abs().max() <= 1e-4  # native size: exact
+
+
+def test_int8_model_runs_and_agrees_with_fp32(trained, tmp_path):
+    model, path, _, (x, y) = trained
+    q = quantize_int8(path, tmp_path / "pico.int8.onnx")
+    int8 = OnnxRunner(q, threads=1)
+    assert int8.class_names == OnnxRunner(path).class_names and int8.cfg == model.cfg
+    batches = [(x[i:i + 100], y[i:i + 100]) for i in range(0, len(y), 100)]
+    res = compare_top1({"pytorch": model, "int8": int8}, batches)
+    assert res["count"] == len(y)
+    assert res["top1"]["pytorch"] > 70  # the fixture model learned something
+    assert res["agreement_with_pytorch"]["int8"] >= 90
+    assert abs(res["top1"]["int8"] - res["top1"]["pytorch"]) <= 5
+
+
+def test_parity_failure_is_an_export_error(trained, tmp_path):
+    with pytest.raises(ExportError, match="differ from PyTorch"):
+        export_onnx(trained[0], tmp_path / "strict.onnx", dynamic_batch=False, tol=-1.0)  # an impossible tolerance
+    with pytest.raises(ExportError, match="no such ONNX file"):
+        OnnxRunner(tmp_path / "missing.onnx")
+
+
+def test_export_cli_writes_file_and_reports_parity(trained, tmp_path, capsys):
+    ckpt = vitkit.save_model(trained[0], tmp_path / "pico.safetensors", class_names=[str(i) for i in range(10)])
+    out = tmp_path / "cli.onnx"
+    assert main(["export", str(ckpt), "--onnx", str(out), "--static-batch", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert out.is_file() and report["path"] == str(out) and report["max_abs_diff"] <= 1e-4
+    assert OnnxRunner(out).class_names == [str(i) for i in range(10)]
+    assert main(["export", str(tmp_path / "nope.safetensors"), "--onnx", str(out)]) == 2

@@ -1,0 +1,151 @@
+"""The speed paths compute what the plain path computes: the bf16 matmul attention, the fused native
+encoder-layer kernel for bf16 inference, torch.compile, and the `vitkit bench` harness that times them."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit.cli.bench import timm_twin
+from vitkit.cli.main import main
+from vitkit.layers.attention import sdpa_is_slower
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=4).eval()
+    return model, timm_twin(model).eval()
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+def test_fp32_inference_equals_timm(pair, photo_batch):
+    model, twin = pair
+    x = photo_batch(224)
+    with torch.inference_mode():
+        assert (model(x) - twin(x)).abs().max() <= 1e-4
+
+
+def test_bf16_paths_close_to_fp32_and_to_timm_bf16(pair, photo_batch):
+    model, twin = pair
+    x = photo_batch(224)
+    with torch.inference_mode():
+        ref = model(x)
+        with torch.autocast("cpu", torch.bfloat16):
+            auto, twin_auto = model(x), twin(x)
+        weights = copy.deepcopy(model).to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert sdpa_is_slower(torch.zeros(1, 3, 197, 64, dtype=torch.bfloat16))  # the matmul attention ran
+    for out in (auto, weights):
+        assert _cos(out, ref) > 0.995 and (out.float() - ref).abs().max() < 0.1 * ref.abs().max()
+    assert _cos(auto, twin_auto) > 0.995
+
+
+def test_native_block_fastpath_equals_module_path(pair, photo_batch):
+    model = pair[0]
+    with torch.no_grad():
+        x = model.embed(photo_batch(224)).to(torch.bfloat16)  # [3, 197, 192]
+    bf16 = copy.deepcopy(model.blocks[0]).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert bf16._fastpath_applies(x)
+        fast = bf16(x)
+        bf16.native_fastpath = False
+        plain = bf16(x)
+        with torch.autocast("cpu", torch.bfloat16):
+            assert not bf16._fastpath_applies(x)
+    assert (fast.float() - plain.float()).abs().max() <= 0.05 * plain.float().abs().max()
+    assert _cos(fast, plain) > 0.9999
+    assert not bf16._fastpath_applies(x)  # grad enabled
+    bf16.native_fastpath = True
+    with torch.inference_mode():
+        assert not bf16._fastpath_applies(x.float())  # fp32 keeps the module path (no faster there)
+        seen = []
+        handle = bf16.mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        assert not bf16._fastpath_applies(x)  # a hook waits on a submodule
+        bf16(x)
+        handle.remove()
+        assert seen == [torch.Size([3, 197, 768])]
+        bf16.train()
+        assert not bf16._fastpath_applies(x)
+
+
+def test_return_attn_and_attn_map_hook_still_work_in_bf16(pair, photo_batch):
+    model = pair[0]
+    seen = []
+    handle = model.blocks[1].attn.attn_map.register_forward_hook(lambda m, i, o: seen.append(o))
+    try:
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16):
+            _, attns = model(photo_batch(224), return_attn=True)
+    finally:
+        handle.remove()
+    assert len(attns) == 4 and attns[0].shape == (3, 3, 197, 197)
+    assert torch.allclose(attns[1].float().sum(-1), torch.ones(3, 3, 197), atol=2e-2)
+    assert seen and seen[0] is attns[1]
+
+
+def test_bf16_training_gradients_match_timm(pair, photo_batch):
+    """The matmul attention's backward (used in bf16 on CPU) against timm's SDPA backward."""
+    model, twin = pair
+    x, y = photo_batch(224), torch.tensor([1, 2, 3])
+    grads = []
+    for net in (model, twin):
+        net.train().zero_grad()
+        with torch.autocast("cpu", torch.bfloat16):
+            F.cross_entropy(net(x), y).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in net.parameters()]))
+        net.zero_grad()
+        net.eval()
+    assert _cos(grads[0], grads[1]) > 0.99
+
+
+def test_compiled_model_equals_eager():
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_pico_patch2_8").eval()
+    x = torch.randn(4, 1, 8, 8)
+    with torch.inference_mode():
+        assert (torch.compile(model)(x) - model(x)).abs().max() <= 1e-4
+
+
+def test_bench_quick_json_runs_and_parses(capsys):
+    assert main(["bench", "--quick", "--threads", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["matmul_peak_gflops"]) == {"fp32", "bf16"}
+    assert report["machine"]["torch"] == torch.__version__ and report["date"]
+    rows = report["rows"]
+    assert {(r["task"], r["library"]) for r in rows} >= {("infer", "vitkit"), ("infer", "timm"),
+                                                         ("train", "vitkit"), ("train", "timm")}
+    for r in rows:
+        assert r["img_per_s"] > 0 and r["gflops"] > 0
+        assert (r["vs_timm"] is None) == (r["library"] == "timm")
+
+
+def test_onednn_linear_equals_f_linear_with_gradients():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitkit.layers.mlp import Linear
+
+    torch.manual_seed(0)
+    lin, x = Linear(192, 576), torch.randn(2, 197, 192, requires_grad=True)
+    weights = torch.randn(576)  # a loss that weighs outputs differently
+    expect = F.linear(x, lin.weight, lin.bias)
+    (expect * weights).sum().backward()
+    ref = [t.grad.clone() for t in (x, lin.weight, lin.bias)]
+    x.grad = None
+    lin.zero_grad()
+    out = lin(x)
+    assert type(out.grad_fn).__name__ == "_OneDnnLinearBackward"  # the oneDNN kernel in training
+    (out * weights).sum().backward()
+    assert (out - expect).abs().max() <= 1e-5
+    for got, want in zip((x.grad, lin.weight.grad, lin.bias.grad), ref):
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    with torch.no_grad():
+        assert (lin(x) - expect).abs().max() <= 1e-5  # inference: the bare kernel
+        with FlopCounterMode(display=False) as counter:
+            lin(x)  # under a dispatch mode: the plain op, so FLOP counters see it
+    assert counter.get_total_flops() == 2 * 2 * 197 * 192 * 576
