@@ -1,0 +1,60 @@
+"""`vitkit predict CKPT IMAGE...`: top-k labels with probabilities, preprocessed as the checkpoint says."""
+from __future__ import annotations
+
+import sys
+
+from .common import add_json, emit, positive_int, print_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("predict", help="classify image files with a checkpoint (top-k with probabilities)")
+    p.add_argument("checkpoint", help="any checkpoint vitkit can load")
+    p.add_argument("images", nargs="+", help="image files (any format Pillow reads)")
+    p.add_argument("--top-k", type=positive_int, default=3)
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def predict_files(model, paths, top_k: int = 3):
+    """-> (predictions [{image, top: [{label, index, prob}]}], errors [{image, error}])."""
+    import torch
+
+    from ..data.images import load_image
+    from ..data.transforms import eval_transform
+    from ..errors import ImageError
+    from ..training.models import in_chans
+
+    tf = eval_transform(model.preprocess)
+    names = model.class_names
+    k = min(top_k, model.num_classes)
+    preds, errors = [], []
+    model.eval()
+    for path in paths:
+        try:
+            x = tf(load_image(path, in_chans(model)))[None]  # [1, C, H, W]
+        except ImageError as e:
+            errors.append({"image": str(path), "error": str(e)})
+            continue
+        with torch.no_grad():
+            probs = model(x).float().softmax(-1)[0]  # [K]
+        p, idx = probs.topk(k)
+        preds.append({"image": str(path), "top": [
+            {"label": names[i] if names else str(i), "index": int(i), "prob": float(q)} for q, i in zip(p, idx.tolist())]})
+    return preds, errors
+
+
+def run(args) -> int:
+    from ..training.models import load_any
+
+    model = load_any(args.checkpoint)
+    preds, errors = predict_files(model, args.images, args.top_k)
+
+    def render(d):
+        rows = [(p["image"], ", ".join(f"{t['label']} {100 * t['prob']:.1f}%" for t in p["top"])) for p in d["predictions"]]
+        if rows:
+            print_table(f"predictions ({args.checkpoint})", ["image", f"top-{args.top_k}"], rows, justify=["left", "left"])
+
+    emit(args, {"checkpoint": str(args.checkpoint), "predictions": preds, "errors": errors}, render)
+    for e in errors:  # one line per broken file, whatever the output format
+        print(f"vitkit predict: error: {e['error']}", file=sys.stderr)
+    return 2 if errors else 0

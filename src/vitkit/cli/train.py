@@ -1,0 +1,116 @@
+"""`vitkit train`: train or fine-tune on a built-in set, an image folder or a CSV manifest; resumable.
+
+Also runs under `torchrun --nproc_per_node N -m vitkit train ...` (DDP: gloo on CPU, nccl on GPU).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .common import add_json, emit, positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a ViT (or a ResNet baseline) and write a run folder with a report")
+    p.add_argument("--recipe", default=None, help="preset: digits (default), fashion-mnist, fashion-mnist-resnet18, "
+                   "finetune; `--list-recipes` shows them")
+    p.add_argument("--data", help="digits | fashion-mnist | FOLDER (class sub-folders) | MANIFEST.csv (path,label)")
+    p.add_argument("--model", help="registered ViT name (`vitkit models`) or resnet18/34/50")
+    p.add_argument("--out", help="run folder (default runs/<recipe>-<time>)")
+    p.add_argument("--epochs", type=positive_int)
+    p.add_argument("--batch-size", type=positive_int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--img-size", type=int, help="train at this resolution (position embeddings are resampled)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any recipe field (repeatable), e.g. --set ema=true --set model.depth=6")
+    p.add_argument("--finetune", metavar="CKPT", help="start from any checkpoint vitkit can load (new head, "
+                   "resolution and channels as the data needs); defaults to the finetune recipe")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its saved state")
+    p.add_argument("--strict", action="store_true", help="stop at the first unreadable image instead of skipping it")
+    p.add_argument("--stop-after-epochs", type=positive_int, help=argparse_hide())
+    p.add_argument("--list-recipes", action="store_true", help="print the presets with their commands and targets")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def argparse_hide():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def resolve_recipe(args):
+    from ..errors import ConfigError
+    from ..training.recipes import Recipe, get_recipe
+
+    if args.resume:
+        if not args.out:
+            raise ConfigError("--resume needs --out RUN_FOLDER")
+        cfg = Path(args.out) / "config.json"
+        if not cfg.exists():
+            raise ConfigError(f"{args.out}: nothing to resume (no config.json)")
+        saved = json.loads(cfg.read_text())
+        recipe = Recipe.from_dict(saved["recipe"])
+        if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe:
+            raise ConfigError("--resume continues the saved recipe exactly; start a new run to change it")
+        return recipe, saved.get("finetune")
+    name = args.recipe or ("finetune" if args.finetune else "digits")
+    recipe = get_recipe(name)
+    changes = {}
+    for flag, field in (("data", "data"), ("model", "model"), ("epochs", "epochs"), ("batch_size", "batch_size"),
+                        ("lr", "lr"), ("seed", "seed"), ("img_size", "img_size")):
+        if getattr(args, flag) is not None:
+            changes[field] = getattr(args, flag)
+    if "model" in changes and changes["model"] != recipe.model:
+        changes.setdefault("model_args", {})  # a preset's architecture tweaks belong to its own model
+    recipe = recipe.replace(**changes).override(args.set)
+    if not args.finetune and not recipe.model:
+        raise ConfigError(f"recipe {recipe.name!r} needs --finetune CKPT or --model NAME")
+    return recipe, args.finetune
+
+
+def canonical_command(recipe, out: str, finetune: str | None) -> str:
+    """The command that reproduces this run: the preset plus every field that differs from it."""
+    import shlex
+
+    from ..training.recipes import PRESETS
+
+    base = PRESETS.get(recipe.name)
+    parts = ["vitkit", "train", "--recipe", recipe.name] if base else ["vitkit", "train"]
+    if finetune:
+        parts += ["--finetune", str(finetune)]
+    ref = base.to_dict() if base else {}
+    for key, value in recipe.to_dict().items():
+        if key in ("name", "command", "expected") or ref.get(key, object()) == value:
+            continue
+        text = json.dumps(value) if isinstance(value, (dict, list)) else "none" if value is None else str(value)
+        parts += ["--set", f"{key}={text}"]
+    return " ".join(shlex.quote(p) for p in [*parts, "--out", out])
+
+
+def run(args) -> int:
+    from ..training.recipes import PRESETS
+    from ..training.trainer import train
+
+    if args.list_recipes:
+        rows = [{"name": r.name, "command": r.command, "expected": r.expected} for r in PRESETS.values()]
+
+        def render(rs):
+            from .common import print_table
+
+            print_table("recipes", ["name", "command", "expected"], [(r["name"], r["command"], r["expected"]) for r in rs],
+                        justify=["left"] * 3)
+
+        emit(args, rows, render)
+        return 0
+    recipe, finetune = resolve_recipe(args)
+    out = args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = train(recipe, out, resume=args.resume, finetune=finetune, strict=args.strict,
+                    quiet=args.quiet or args.json, stop_after_epochs=args.stop_after_epochs,
+                    command=canonical_command(recipe, out, finetune))
+    if summary and args.json:
+        emit(args, summary, lambda d: None)
+    return 0

@@ -1,0 +1,307 @@
+"""Datasets a user can point vitkit at, all resolved into one `DataBundle` of train / val / test splits.
+
+`--data` accepts:
+- `digits`: scikit-learn's 1,797 8x8 digits (0..16 scaled to 0..255); seeded stratified 80/20 train/test;
+- `fashion-mnist`: the official 60,000 / 10,000 split (see fashion_mnist.py for where files come from);
+- a folder: one sub-folder per class, or `train/` + `val/` (+ `test/`) folders each holding class folders;
+  without a val folder a seeded, stratified fraction of train becomes the validation split;
+- a CSV manifest `path,label` (header optional, paths relative to the CSV), split like a flat folder.
+
+Small built-in sets live in memory as uint8 tensors [N, C, H, W]; user files are decoded on access.
+Files that cannot be decoded are skipped and counted (listed in `info['skipped']`), or stop the run with
+`strict=True`. Every split is a pure function of the seed, and the indices are recorded in `info`.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import DataError, ImageError
+
+log = logging.getLogger("vitkit")
+
+BUILTIN = ("digits", "fashion-mnist")
+VAL_DIRS = ("val", "valid", "validation")
+
+
+class TensorImages(Dataset):
+    """In-memory uint8 images [N, C, H, W] with int64 labels [N]."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+    def subset(self, idx: Sequence[int]) -> TensorImages:
+        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+        return TensorImages(self.images[idx], self.labels[idx])
+
+
+class FileImages(Dataset):
+    """Image files decoded on access by `load_image` (mode L or RGB as `channels` asks)."""
+
+    def __init__(self, paths: list[Path], labels: list[int], channels: int = 3):
+        self.paths, self.labels, self.channels = list(paths), torch.as_tensor(labels, dtype=torch.long), channels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        from .images import load_image
+
+        return load_image(self.paths[i], self.channels), int(self.labels[i])
+
+    def subset(self, idx: Sequence[int]) -> FileImages:
+        return FileImages([self.paths[i] for i in idx], [int(self.labels[i]) for i in idx], self.channels)
+
+
+class Transformed(Dataset):
+    """Applies `transform` with randomness that is a pure function of (seed, epoch, index).
+
+    That makes augmentation identical across worker counts, DDP ranks and a resumed run.
+    """
+
+    def __init__(self, base: Dataset, transform: Callable, seed: int = 0, deterministic: bool = True):
+        self.base, self.transform, self.seed, self.deterministic = base, transform, seed, deterministic
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        x, y = self.base[i]
+        if not self.deterministic:
+            return self.transform(x), y
+        # only the CPU generator (torch.manual_seed also seeds every accelerator: 50x slower)
+        gen = torch.default_generator
+        saved = gen.get_state()
+        gen.manual_seed(sample_seed(self.seed, self.epoch, i))
+        try:
+            return self.transform(x), y
+        finally:
+            gen.set_state(saved)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    return (seed * 1_000_003 + epoch * 7_919 + index * 104_729 + 12345) % (2**63 - 1)
+
+
+@dataclass
+class DataBundle:
+    name: str
+    class_names: list[str]
+    channels: int  # native channels of the images (1 gray, 3 colour)
+    image_size: tuple[int, int] | None  # native size when all images share it
+    train: Dataset
+    val: Dataset | None
+    test: Dataset | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def set_channels(self, channels: int) -> None:
+        """File datasets decode straight into the model's channel count."""
+        for ds in (self.train, self.val, self.test):
+            if isinstance(ds, FileImages):
+                ds.channels = channels
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "classes": self.num_classes, "channels": self.channels,
+                "train": len(self.train), "val": len(self.val) if self.val is not None else 0,
+                "test": len(self.test) if self.test is not None else 0} | {
+                    k: v for k, v in self.info.items() if k not in ("split_indices",)}
+
+
+def stratified_split(labels: Sequence[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded per-class split -> (keep, held_out) index lists, each sorted. Every class keeps >= 1 sample."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    keep, held = [], []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        rng.shuffle(idx)
+        n_held = round(len(idx) * fraction)
+        n_held = min(n_held, len(idx) - 1)
+        held.extend(idx[:n_held].tolist())
+        keep.extend(idx[n_held:].tolist())
+    return sorted(keep), sorted(held)
+
+
+def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bool = False,
+              channels: int = 3, allow_download: bool = True, subset: int | None = None) -> DataBundle:
+    """Resolve `spec` (a built-in name, a folder or a CSV file) into train/val/test splits."""
+    spec = str(spec)
+    if spec == "digits":
+        bundle = _digits(seed)
+    elif spec in ("fashion-mnist", "fashion_mnist", "fmnist"):
+        bundle = _fashion_mnist(allow_download)
+    else:
+        path = Path(spec).expanduser()
+        if not path.exists():
+            raise DataError(f"{spec}: no such dataset, folder or CSV file (built-in: {', '.join(BUILTIN)})")
+        if path.is_dir():
+            bundle = _folder(path, strict, channels)
+        elif path.suffix.lower() in (".csv", ".tsv", ".txt"):
+            bundle = _csv(path, strict, channels)
+        else:
+            raise DataError(f"{spec}: expected a folder of class folders or a CSV manifest (path,label)")
+    if val_fraction and bundle.val is None:
+        keep, held = stratified_split(bundle.train.labels.tolist(), val_fraction, seed)
+        bundle.val, bundle.train = bundle.train.subset(held), bundle.train.subset(keep)
+        bundle.info["split_indices"] = {"val_from_train": held}
+        bundle.info["val_split"] = {"fraction": val_fraction, "seed": seed}
+    if subset and subset < len(bundle.train):  # quick experiments: a seeded stratified subset of train
+        keep, _ = stratified_split(bundle.train.labels.tolist(), 1 - subset / len(bundle.train), seed)
+        bundle.train = bundle.train.subset(keep)
+        bundle.info["train_subset"] = len(keep)
+    if len(bundle.train) == 0:
+        raise DataError(f"{spec}: no training images")
+    return bundle
+
+
+def _digits(seed: int) -> DataBundle:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("the `digits` dataset needs scikit-learn: pip install scikit-learn") from None
+    d = load_digits()
+    images = torch.from_numpy(np.round(d.images * (255.0 / 16.0)).astype(np.uint8))[:, None]  # [N, 1, 8, 8]
+    labels = torch.from_numpy(d.target.astype(np.int64))
+    full = TensorImages(images, labels)
+    train_idx, test_idx = stratified_split(d.target, 0.2, seed)
+    info = {"source": "sklearn.datasets.load_digits", "test_split": {"fraction": 0.2, "seed": seed},
+            "split_indices": {"test": test_idx}}
+    return DataBundle("digits", [str(i) for i in range(10)], 1, (8, 8), full.subset(train_idx), None,
+                      full.subset(test_idx), info)
+
+
+def _fashion_mnist(allow_download: bool) -> DataBundle:
+    from . import fashion_mnist
+
+    d = fashion_mnist.load(allow_download)
+    return DataBundle("fashion-mnist", list(fashion_mnist.CLASS_NAMES), 1, (28, 28), TensorImages(*d["train"]),
+                      None, TensorImages(*d["test"]), {"source": str(d["dir"]), "split": "official 60000/10000"})
+
+
+# ---------------------------------------------------------------------------- user files
+def _scan_classes(root: Path, class_names: list[str] | None = None) -> tuple[list[str], list[Path], list[int], list[str]]:
+    """class folders under `root` -> (class names, paths, labels, empty class names)."""
+    from .images import is_image_file
+
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = class_names or [p.name for p in dirs]
+    paths, labels, empty = [], [], []
+    for d in dirs:
+        if d.name not in names:
+            raise DataError(f"{d}: class folder {d.name!r} is not in the training classes {names}")
+        files = sorted(p for p in d.rglob("*") if p.is_file() and is_image_file(p))
+        if not files:
+            empty.append(d.name)
+        paths += files
+        labels += [names.index(d.name)] * len(files)
+    return names, paths, labels, empty
+
+
+def _verify(paths: list[Path], labels: list[int], strict: bool, channels: int, where: str):
+    """Decode every file once: bad ones are skipped and counted (or stop the run with strict)."""
+    from .images import load_image
+
+    good_p, good_l, skipped, sizes = [], [], [], set()
+    for p, y in zip(paths, labels):
+        try:
+            img = load_image(p, channels)
+            sizes.add(img.size)
+            good_p.append(p)
+            good_l.append(y)
+        except ImageError as e:
+            if strict:
+                raise DataError(f"{e} (--strict stops at the first unreadable image)") from None
+            skipped.append({"path": str(p), "reason": str(e)})
+    if skipped:
+        log.warning("%s: skipped %d unreadable image(s), e.g. %s", where, len(skipped), skipped[0]["reason"])
+    size = next(iter(sizes))[::-1] if len(sizes) == 1 else None  # PIL (W, H) -> (H, W)
+    return good_p, good_l, skipped, size
+
+
+def _folder(root: Path, strict: bool, channels: int) -> DataBundle:
+    sub = {p.name.lower(): p for p in root.iterdir() if p.is_dir()}
+    train_dir = sub.get("train")
+    val_dir = next((sub[n] for n in VAL_DIRS if n in sub), None)
+    test_dir = sub.get("test")
+    info: dict[str, Any] = {"source": str(root)}
+    splits: dict[str, FileImages | None] = {"train": None, "val": None, "test": None}
+    names, skipped_all, sizes, empties = None, [], set(), {}
+    for split, d in (("train", train_dir or root), ("val", val_dir), ("test", test_dir)):
+        if d is None:
+            continue
+        names_here, paths, labels, empty = _scan_classes(d, names)
+        names = names or names_here
+        if empty:
+            empties[split] = empty
+        paths, labels, skipped, size = _verify(paths, labels, strict, channels, str(d))
+        skipped_all += skipped
+        sizes.add(size)
+        splits[split] = FileImages(paths, labels, channels)
+    if not names:
+        raise DataError(f"{root}: no class folders (expected {root}/<class>/<image> or {root}/train/<class>/...)")
+    if empties.get("train"):
+        # a class with no training image cannot be learned: a clear stop rather than a silent dead output
+        raise DataError(f"{root}: class folder(s) {empties['train']} hold no readable images; add images or "
+                        "remove the folder(s)")
+    counts = np.bincount(splits["train"].labels.numpy(), minlength=len(names))
+    if (counts == 0).any():
+        bad = [names[i] for i in np.flatnonzero(counts == 0)]
+        raise DataError(f"{root}: class folder(s) {bad} hold no readable images after skipping broken files")
+    info.update(skipped=skipped_all, num_skipped=len(skipped_all), empty_eval_classes=empties or None)
+    size = next(iter(sizes)) if len(sizes) == 1 else None
+    return DataBundle(f"folder:{root}", names, channels, size, splits["train"], splits["val"], splits["test"], info)
+
+
+def _csv(path: Path, strict: bool, channels: int) -> DataBundle:
+    try:
+        rows = [r for r in csv.reader(path.read_text().splitlines()) if r and any(c.strip() for c in r)]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"{path}: unreadable CSV manifest ({e})") from None
+    if rows and [c.strip().lower() for c in rows[0][:2]] == ["path", "label"]:
+        rows = rows[1:]
+    if not rows:
+        raise DataError(f"{path}: the manifest lists no images")
+    bad = [i + 1 for i, r in enumerate(rows) if len(r) < 2]
+    if bad:
+        raise DataError(f"{path}: row(s) {bad[:5]} need two columns: path,label")
+    names = sorted({r[1].strip() for r in rows})
+    paths = [(path.parent / r[0].strip()) for r in rows]
+    labels = [names.index(r[1].strip()) for r in rows]
+    paths, labels, skipped, size = _verify(paths, labels, strict, channels, str(path))
+    if not paths:
+        raise DataError(f"{path}: none of the listed images could be read")
+    return DataBundle(f"csv:{path}", names, channels, size, FileImages(paths, labels, channels), None, None,
+                      {"source": str(path), "skipped": skipped, "num_skipped": len(skipped)})
+
+
+def map_labels(bundle: DataBundle, class_names: list[str]) -> None:
+    """Re-index `bundle`'s labels onto a model's class list (eval of a checkpoint on user data)."""
+    if bundle.class_names == class_names:
+        return
+    unknown = [c for c in bundle.class_names if c not in class_names]
+    if unknown:
+        raise DataError(f"label(s) {unknown[:5]} are not among the model's classes {class_names[:20]}")
+    lut = torch.tensor([class_names.index(c) for c in bundle.class_names])
+    for ds in (bundle.train, bundle.val, bundle.test):
+        if ds is not None:
+            ds.labels = lut[ds.labels]
+    bundle.class_names = list(class_names)

@@ -1,0 +1,74 @@
+"""The resumable training state as ONE safetensors file: every tensor (model, EMA, optimiser moments, RNG)
+under a prefixed key, and everything else (epoch, step, optimiser hyper-parameters, history) as a JSON
+index in the metadata. No pickle; written atomically, so a crash or a full disk keeps the previous state.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+
+STATE_VERSION = 1
+
+
+def optimizer_to_flat(opt_state: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """optimizer.state_dict() -> (tensors keyed 'optim.{param}.{name}', JSON-able rest)."""
+    tensors, scalars = {}, {}
+    for pid, st in opt_state["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"optim.{pid}.{k}"] = v
+            else:
+                scalars.setdefault(str(pid), {})[k] = v
+    return tensors, {"param_groups": opt_state["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_flat(tensors: dict[str, torch.Tensor], index: dict[str, Any]) -> dict:
+    state: dict[int, dict[str, Any]] = {}
+    for key, v in tensors.items():
+        if key.startswith("optim."):
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = v
+    for pid, extra in index.get("scalars", {}).items():
+        state.setdefault(int(pid), {}).update(extra)
+    return {"state": state, "param_groups": index["param_groups"]}
+
+
+def save_state(path: str | os.PathLike, *, model_sd: dict, optimizer: torch.optim.Optimizer,
+               ema_sd: dict | None, info: dict[str, Any]) -> Path:
+    from safetensors.torch import save_file
+
+    from ..weights.atomic import atomic_path
+
+    opt_tensors, opt_index = optimizer_to_flat(optimizer.state_dict())
+    tensors = {f"model.{k}": v for k, v in model_sd.items()}
+    tensors |= {f"ema.{k}": v for k, v in (ema_sd or {}).items()}
+    tensors |= opt_tensors
+    tensors["rng.torch"] = torch.get_rng_state()
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    meta = {"vitkit.train_state_version": str(STATE_VERSION), "vitkit.optimizer": json.dumps(opt_index),
+            "vitkit.info": json.dumps(info, default=str)}
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return path
+
+
+def load_state(path: str | os.PathLike) -> dict[str, Any]:
+    """-> {'model': sd, 'ema': sd or None, 'optimizer': optimizer state_dict, 'rng': tensor, 'info': dict}."""
+    from ..weights.io import read_safetensors
+
+    path = Path(path)
+    tensors, meta = read_safetensors(path)
+    if "vitkit.train_state_version" not in meta:
+        raise CheckpointError(f"{path}: not a vitkit training state")
+    model = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    ema = {k[4:]: v for k, v in tensors.items() if k.startswith("ema.")} or None
+    return {"model": model, "ema": ema, "rng": tensors.get("rng.torch"),
+            "optimizer": optimizer_from_flat(tensors, json.loads(meta["vitkit.optimizer"])),
+            "info": json.loads(meta["vitkit.info"])}

@@ -1,0 +1,160 @@
+"""Data loading on real data: sklearn digits, Fashion-MNIST (when installed), image folders of real photos
+(skimage.data) with broken files, CSV manifests, and the transforms built from a model's preprocessing."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit import DataError
+from vitkit.data import fashion_mnist
+from vitkit.data.datasets import load_data, map_labels, stratified_split
+from vitkit.data.transforms import eval_transform, train_transform
+from vitkit.models.config import Preprocess
+from vitkit.training.recipes import get_recipe
+
+
+def test_digits_split_is_seeded_stratified_and_scaled():
+    a = load_data("digits", seed=0)
+    b = load_data("digits", seed=0)
+    c = load_data("digits", seed=1)
+    assert len(a.train) + len(a.test) == 1797 and a.val is None
+    assert a.class_names == [str(i) for i in range(10)] and a.channels == 1 and a.image_size == (8, 8)
+    assert torch.equal(a.test.labels, b.test.labels) and torch.equal(a.test.images, b.test.images)
+    assert a.info["split_indices"]["test"] != c.info["split_indices"]["test"]
+    x, _ = a.train[0]
+    assert x.shape == (1, 8, 8) and x.dtype == torch.uint8 and x.max() > 200  # 0..16 scaled to 0..255
+    # every class in both splits, roughly 20% held out each
+    counts = torch.bincount(a.test.labels, minlength=10)
+    assert counts.min() >= 30
+    assert set(a.info["split_indices"]["test"]).isdisjoint(range(0))
+
+
+def test_val_fraction_carves_from_train_without_overlap():
+    d = load_data("digits", seed=3, val_fraction=0.1)
+    assert len(d.train) + len(d.val) + len(d.test) == 1797
+    held = d.info["split_indices"]["val_from_train"]
+    assert len(held) == len(d.val)
+
+
+def test_stratified_split_keeps_every_class():
+    keep, held = stratified_split([0, 0, 0, 1, 2, 2], 0.5, seed=0)
+    assert sorted(keep + held) == list(range(6))
+    assert {0, 1, 2} <= {[0, 0, 0, 1, 2, 2][i] for i in keep}
+
+
+@pytest.mark.skipif(fashion_mnist.find_local() is None, reason="Fashion-MNIST not installed "
+                    "(apt-get install dataset-fashion-mnist)")
+def test_fashion_mnist_real_files():
+    d = load_data("fashion-mnist")
+    assert len(d.train) == 60000 and len(d.test) == 10000
+    assert d.train.images.shape == (60000, 1, 28, 28) and d.train.images.dtype == torch.uint8
+    assert torch.bincount(d.train.labels).tolist() == [6000] * 10
+    assert torch.bincount(d.test.labels).tolist() == [1000] * 10
+    assert d.class_names[0] == "T-shirt/top" and d.class_names[9] == "Ankle boot"
+
+
+def test_fashion_mnist_absent_offline_names_both_routes(monkeypatch, tmp_path):
+    monkeypatch.setattr(fashion_mnist, "DEBIAN_DIR", tmp_path / "none")
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VITKIT_FASHION_MNIST", raising=False)
+    monkeypatch.setenv("VITKIT_OFFLINE", "1")
+    with pytest.raises(Exception) as e:
+        load_data("fashion-mnist")
+    msg = str(e.value)
+    assert "apt-get install dataset-fashion-mnist" in msg and fashion_mnist.URL in msg
+
+
+def test_idx_reader_rejects_truncated_file(tmp_path):
+    import gzip
+
+    p = tmp_path / "bad-images-idx3-ubyte.gz"
+    with gzip.open(p, "wb") as f:
+        f.write(b"\x00\x00\x08\x03" + (10).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\x00" * 100)
+    with pytest.raises(DataError, match="truncated"):
+        fashion_mnist.read_idx(p)
+
+
+# ---------------------------------------------------------------------------- user folders of real photos
+def _photos():
+    from skimage import data
+
+    return {"cat": [data.chelsea(), data.chelsea()[::-1]], "coffee": [data.coffee(), data.coffee()[:, ::-1]],
+            "camera": [data.camera(), data.camera()[::-1]]}  # camera is grayscale
+
+
+def _write_tree(root, broken=True):
+    for cls, imgs in _photos().items():
+        (root / cls).mkdir(parents=True)
+        for i, a in enumerate(imgs):
+            Image.fromarray(np.ascontiguousarray(a)).resize((48, 40)).save(root / cls / f"{i}.{'jpg' if i else 'png'}")
+    if broken:
+        good = (root / "cat" / "1.jpg").read_bytes()
+        (root / "cat" / "truncated.jpg").write_bytes(good[: len(good) // 3])
+        (root / "coffee" / "empty.png").write_bytes(b"")
+
+
+def test_image_folder_skips_and_counts_broken_files(tmp_path, caplog):
+    _write_tree(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        d = load_data(str(tmp_path), seed=0, channels=3)
+    assert d.class_names == ["camera", "cat", "coffee"]
+    assert len(d.train) == 6 and d.info["num_skipped"] == 2
+    assert {s["path"].rsplit("/", 1)[-1] for s in d.info["skipped"]} == {"truncated.jpg", "empty.png"}
+    assert "skipped 2 unreadable" in caplog.text
+    img, _ = d.train[0]
+    assert img.mode == "RGB" and img.size == (48, 40) and d.image_size == (40, 48)
+    with pytest.raises(DataError, match="strict"):
+        load_data(str(tmp_path), strict=True)
+
+
+def test_image_folder_train_val_subfolders_and_unknown_val_class(tmp_path):
+    _write_tree(tmp_path / "train", broken=False)
+    _write_tree(tmp_path / "val", broken=False)
+    d = load_data(str(tmp_path), channels=1)
+    assert len(d.train) == 6 and len(d.val) == 6 and d.test is None
+    assert d.train[0][0].mode == "L"
+    (tmp_path / "val" / "dog").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "val" / "dog" / "a.png")
+    with pytest.raises(DataError, match="dog"):
+        load_data(str(tmp_path))
+
+
+def test_empty_class_folder_stops_with_clear_message(tmp_path):
+    _write_tree(tmp_path, broken=False)
+    (tmp_path / "zebra").mkdir()
+    with pytest.raises(DataError, match="zebra.*no readable images"):
+        load_data(str(tmp_path))
+
+
+def test_csv_manifest_and_labels_outside_class_list(tmp_path):
+    _write_tree(tmp_path / "imgs", broken=True)
+    rows = ["path,label"] + [f"imgs/{p.parent.name}/{p.name},{p.parent.name}"
+                             for p in sorted((tmp_path / "imgs").rglob("*.*"))]
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    d = load_data(str(tmp_path / "m.csv"), val_fraction=0.34, seed=0)
+    assert d.class_names == ["camera", "cat", "coffee"] and d.info["num_skipped"] == 2
+    assert len(d.train) + len(d.val) == 6 and len(d.val) == 3
+    # a model trained on other classes: its class list does not hold these labels
+    with pytest.raises(DataError, match="not among the model's classes"):
+        map_labels(d, ["cat", "dog", "camera"])
+    map_labels(d, ["coffee", "cat", "camera", "extra"])  # a superset re-indexes
+    assert d.class_names[0] == "coffee"
+    (tmp_path / "bad.csv").write_text("just-one-column\n")
+    with pytest.raises(DataError, match="two columns"):
+        load_data(str(tmp_path / "bad.csv"))
+
+
+def test_transforms_follow_preprocess_and_channels():
+    pre = Preprocess((0.5,), (0.5,), "bilinear", 1.0, (1, 28, 28))
+    x = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
+    y = eval_transform(pre)(x)
+    assert y.shape == (1, 28, 28) and y.dtype == torch.float32
+    torch.testing.assert_close(y, x.float() / 255 * 2 - 1)
+    pre3 = Preprocess((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "bicubic", 0.875, (3, 32, 32))
+    assert eval_transform(pre3)(x).shape == (3, 32, 32)  # gray into a 3-channel model
+    recipe = get_recipe("fashion-mnist").replace(auto_augment="rand", reprob=0.25, crop="rrc")
+    assert train_transform(pre3, recipe)(Image.new("RGB", (50, 40))).shape == (3, 32, 32)
