@@ -58,3 +58,55 @@ def test_predict_png_files_and_broken_file(ckpt, tmp_path, capsys):
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1 and "broken.png" in lines[0]
     assert "digit0" in captured.out  # the good image is still classified
+
+
+def test_onnx_backend_gives_the_same_answers(ckpt, tmp_path, capsys):
+    from vitkit.export.onnx import export_onnx
+    from vitkit.training.models import load_any
+
+    onnx_path = tmp_path / "digits.onnx"
+    export_onnx(load_any(ckpt).eval(), onnx_path)
+    test = load_data("digits").test
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"d{i}.png"
+        Image.fromarray(test[i][0][0].numpy(), mode="L").save(p)
+        paths.append(str(p))
+    results = {}
+    for backend, model in (("torch", ckpt), ("onnx", onnx_path)):
+        assert cli(["predict", str(model), *paths, "--backend", backend, "--json"]) == 0
+        results[backend] = json.loads(capsys.readouterr().out)["predictions"]
+    for a, b in zip(results["torch"], results["onnx"]):
+        assert a["top"][0]["label"] == b["top"][0]["label"]
+        assert a["top"][0]["prob"] == pytest.approx(b["top"][0]["prob"], abs=1e-4)
+    assert cli(["eval", str(onnx_path), "--backend", "onnx", "--json"]) == 0
+    onnx_eval = json.loads(capsys.readouterr().out)
+    assert cli(["eval", str(ckpt), "--json"]) == 0
+    assert onnx_eval["top1"] == pytest.approx(json.loads(capsys.readouterr().out)["top1"], abs=0.3)
+
+
+BUNDLED = Path(__file__).parents[1] / "src" / "vitkit" / "assets" / "vit_fashion_mnist.safetensors"
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="the bundled fashion-mnist checkpoint is not built yet")
+def test_bundled_checkpoint_predicts_real_fashion_mnist(tmp_path, capsys):
+    """The checkpoint shipped in the package works out of the box on real test images."""
+    import vitkit
+
+    model = vitkit.load_model("bundled:fashion-mnist")
+    assert len(model.class_names) == 10 and model.provenance["accuracy"]["test_top1"] > 90
+    try:
+        test = load_data("fashion-mnist").test
+    except vitkit.DataError as e:
+        pytest.skip(f"Fashion-MNIST not installed: {e}")
+    paths, labels = [], []
+    for i in range(0, 2000, 100):
+        img, label = test[i]
+        p = tmp_path / f"f{i}.png"
+        Image.fromarray(img[0].numpy(), mode="L").save(p)
+        paths.append(str(p))
+        labels.append(model.class_names[label])
+    assert cli(["predict", "bundled:fashion-mnist", *paths, "--top-k", "1", "--json"]) == 0
+    preds = [p["top"][0]["label"] for p in json.loads(capsys.readouterr().out)["predictions"]]
+    assert sum(p == t for p, t in zip(preds, labels)) >= 16  # of 20; the model scores about 91%
+    assert cli(["predict", "bundled:nope", paths[0]]) == 2

@@ -56,3 +56,15 @@ def img_size(text: str) -> int | tuple[int, int]:
     if len(parts) not in (1, 2) or any(p <= 0 for p in parts):
         raise argparse.ArgumentTypeError(f"expected a size like 224 or 224x320, got {text!r}")
     return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+def load_backend(checkpoint: str, backend: str = "torch"):
+    """A model to run: any checkpoint through PyTorch (ViT or ResNet baseline), or an exported .onnx file
+    through ONNX Runtime (same call interface, preprocessing and class names from its metadata)."""
+    if backend == "onnx":
+        from ..export.onnx import OnnxRunner
+
+        return OnnxRunner(checkpoint)
+    from ..training.models import load_any
+
+    return load_any(checkpoint)

@@ -1,7 +1,7 @@
 """`vitkit eval CKPT --data ...`: top-1/top-5, per-class precision/recall and the confusion matrix."""
 from __future__ import annotations
 
-from .common import add_json, emit, positive_int, print_table
+from .common import add_json, emit, load_backend, positive_int, print_table
 
 
 def register(sub) -> None:
@@ -13,6 +13,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the split (as in training)")
     p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
+    p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+                   help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -25,9 +27,9 @@ def run(args) -> int:
     from ..data.transforms import eval_transform
     from ..errors import DataError
     from ..training.evaluate import evaluate, per_class
-    from ..training.models import in_chans, load_any
+    from ..training.models import in_chans
 
-    model = load_any(args.checkpoint)
+    model = load_backend(args.checkpoint, args.backend)
     data = load_data(args.data, seed=args.seed, strict=args.strict, channels=in_chans(model))
     names = model.class_names or data.class_names
     if model.num_classes != len(names):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_json, emit, positive_int, print_table
+from .common import add_json, emit, load_backend, positive_int, print_table
 
 
 def register(sub) -> None:
@@ -11,6 +11,8 @@ def register(sub) -> None:
     p.add_argument("checkpoint", help="any checkpoint vitkit can load")
     p.add_argument("images", nargs="+", help="image files (any format Pillow reads)")
     p.add_argument("--top-k", type=positive_int, default=3)
+    p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+                   help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -44,9 +46,7 @@ def predict_files(model, paths, top_k: int = 3):
 
 
 def run(args) -> int:
-    from ..training.models import load_any
-
-    model = load_any(args.checkpoint)
+    model = load_backend(args.checkpoint, args.backend)
     preds, errors = predict_files(model, args.images, args.top_k)
 
     def render(d):

@@ -177,7 +177,7 @@ def _digits(seed: int) -> DataBundle:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise DataError("the `digits` dataset needs scikit-learn: pip install scikit-learn") from None
+        raise DataError("the `digits` dataset needs scikit-learn: pip install 'vitkit[data]' (or scikit-learn)") from None
     d = load_digits()
     images = torch.from_numpy(np.round(d.images * (255.0 / 16.0)).astype(np.uint8))[:, None]  # [N, 1, 8, 8]
     labels = torch.from_numpy(d.target.astype(np.int64))

@@ -117,9 +117,12 @@ def load_model(
     from ..weights.io import parse_vitkit_meta, read_any
     from ..weights.load import load_into
 
-    path = Path(path)
     raw, meta, hf_config = read_any(path)
     vk = parse_vitkit_meta(meta, path)
+    arch = str((vk or {}).get("config", {}).get("arch", ""))
+    if arch.startswith("resnet"):
+        raise CheckpointError(f"{path} is a {arch} baseline, not a ViT: use `vitkit eval`/`predict`, or "
+                              "vitkit.training.models.load_any in Python")
     if model_name is not None:
         model = create_model(model_name, num_classes=num_classes, img_size=img_size, **overrides)
         load_weights(model, path)

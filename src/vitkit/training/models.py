@@ -47,9 +47,9 @@ def load_any(path: str | os.PathLike, **kw: Any) -> nn.Module:
     """vitkit.load_model for ViTs (any importable format), plus the ResNet baselines."""
     import vitkit
 
-    from ..weights.io import parse_vitkit_meta, read_safetensors
+    from ..weights.io import parse_vitkit_meta, read_safetensors, resolve_path
 
-    path = Path(path)
+    path = resolve_path(path)
     if path.is_file() and path.suffix == ".safetensors":
         sd, meta = read_safetensors(path)
         vk = parse_vitkit_meta(meta, path)

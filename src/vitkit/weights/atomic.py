@@ -25,6 +25,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp_path, path)
         with contextlib.suppress(OSError):  # make the rename itself durable
             dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -48,6 +49,12 @@ def remove_stale_temps(path: Path) -> int:
             tmp.unlink()
             removed += 1
     return removed
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _alive(pid: int) -> bool:

@@ -79,9 +79,26 @@ def read_npz(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable .npz archive ({type(e).__name__}: {msg})") from None
 
 
+BUNDLED = {"fashion-mnist": "vit_fashion_mnist.safetensors"}  # shipped inside the package (assets/)
+
+
+def resolve_path(path: str | os.PathLike) -> Path:
+    """`bundled:NAME` -> the checkpoint shipped with vitkit; anything else is a filesystem path."""
+    text = str(path)
+    if text.startswith("bundled:"):
+        name = text[len("bundled:"):]
+        if name not in BUNDLED:
+            raise CheckpointError(f"no bundled checkpoint {name!r}; vitkit ships: "
+                                  + ", ".join(f"bundled:{n}" for n in BUNDLED))
+        return Path(__file__).resolve().parents[1] / "assets" / BUNDLED[name]
+    return Path(path)
+
+
 def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], dict[str, Any] | None]:
-    """Read a checkpoint file or HF directory -> (raw state dict, safetensors metadata, HF config or None)."""
-    path = Path(path)
+    """Read a checkpoint file or HF directory -> (raw state dict, safetensors metadata, HF config or None).
+
+    `bundled:fashion-mnist` names the checkpoint shipped with vitkit."""
+    path = resolve_path(path)
     hf_config = None
     if path.is_dir():
         cfg_file = path / "config.json"
