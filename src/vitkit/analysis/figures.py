@@ -84,15 +84,20 @@ def overlay_figure(image, amap, path, title: str, caption: str = "") -> Path:
     return _save(fig, path)
 
 
+def _tile_grid(plt, n: int, cols: int, inches: float, title_inches: float):
+    """A rows x cols grid of square tiles for n images, plus room for the title."""
+    cols = min(cols, n)
+    rows = math.ceil(n / cols)
+    return plt.subplots(rows, cols, figsize=(inches * cols, inches * rows + title_inches), squeeze=False,
+                        layout="constrained")
+
+
 def head_grid_figure(image, head_maps, path, title: str, cols: int = 4) -> Path:
     """One overlay per head ([H, Gh, Gw]); 2.5 inches per column, 2.5 per row plus 0.6 for the titles."""
     plt = _plt()
     img = display_image(image)
     n = len(head_maps)
-    cols = min(cols, n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.5 * cols, 2.5 * rows + 0.6), squeeze=False,
-                             layout="constrained")
+    fig, axes = _tile_grid(plt, n, cols, inches=2.5, title_inches=0.6)
     for i, ax in enumerate(axes.flat):
         if i < n:
             _show_overlay(ax, img, head_maps[i], alpha=0.6)
@@ -151,10 +156,7 @@ def filter_components_figure(components, explained, path, title: str, cols: int 
     plt = _plt()
     comps = np.asarray(torch.as_tensor(components).cpu(), dtype=np.float64)
     k = len(comps)
-    cols = min(cols, k)
-    rows = math.ceil(k / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.2 * cols, 1.2 * rows + 0.8), squeeze=False,
-                             layout="constrained")
+    fig, axes = _tile_grid(plt, k, cols, inches=1.2, title_inches=0.8)
     for i, ax in enumerate(axes.flat):
         ax.set_axis_off()
         if i >= k:
