@@ -62,7 +62,7 @@ def test_cost_of_checkpoint_files(capsys, tmp_path):
     rc, out, _ = run_cli(capsys, "cost", str(path), "--json")
     assert rc == 0 and json.loads(out)["params_total"] == sum(p.numel() for p in model.parameters())
     # a foreign (timm-layout) file: the architecture is read off the weights
-    timm = pytest.importorskip("timm")
+    import timm
     from safetensors.torch import save_file
 
     peer = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, depth=2,

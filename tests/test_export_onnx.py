@@ -13,8 +13,6 @@ import vitkit
 from vitkit.cli.main import main
 from vitkit.export import ExportError, OnnxRunner, compare_top1, export_onnx, quantize_int8
 
-pytest.importorskip("onnxruntime")
-
 
 def _digits():
     from sklearn.datasets import load_digits

@@ -7,16 +7,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vitkit
+from test_import_timm import BY_NAME, TINY, check, perturb, reference
 from vitkit.cli.main import main
 from vitkit.errors import CheckpointError
 from vitkit.weights.importers.jax_npz import to_jax_arrays
-
-timm = pytest.importorskip("timm")
-from timm.models.vision_transformer import VisionTransformer as TimmViT
-
-from test_import_timm import BY_NAME, TINY, check, perturb, reference
 
 
 def _convert(capsys, *argv):

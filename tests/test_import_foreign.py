@@ -7,17 +7,15 @@ import argparse
 
 import numpy as np
 import pytest
+import timm  # a test dependency: parity needs the real peer
 import torch
-
-import vitkit
-from vitkit.weights.convert import to_vitkit
-from vitkit.weights.importers.jax_npz import export_npz, to_jax_arrays
-
-timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import _load_weights, checkpoint_filter_fn
 
+import vitkit
 from test_import_timm import BY_NAME, TINY, TOL, check, perturb, reference
+from vitkit.weights.convert import to_vitkit
+from vitkit.weights.importers.jax_npz import export_npz, to_jax_arrays
 
 
 def _hf_tiny(**kw):

@@ -3,15 +3,14 @@ load into vitkit with the architecture read off the file and by name, and give t
 from __future__ import annotations
 
 import pytest
+import timm  # a test dependency: parity needs the real peer
 import torch
 from safetensors.torch import save_file
-
-import vitkit
-
-timm = pytest.importorskip("timm")
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import checkpoint_filter_fn
+
+import vitkit
 
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 2, "num_classes": 10}
 BY_NAME = {"img_size": 32, "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 2, "num_classes": 10}

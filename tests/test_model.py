@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit import ConfigError, ViTConfig, VisionTransformer
+from vitkit import ConfigError, VisionTransformer, ViTConfig
 from vitkit.layers import resample_pos_embed, sincos_2d_pos_embed
 from vitkit.models.vision_transformer import patchify
 
@@ -147,6 +147,7 @@ def test_distilled_training_returns_both_heads():
     m.set_distilled_training(True)
     m.train()
     cls_logits, dist_logits = m(torch.randn(2, 3, 32, 32))
+    assert cls_logits.shape == dist_logits.shape == (2, 5) and not torch.equal(cls_logits, dist_logits)
     m.eval()
     with torch.no_grad():
         avg = m(torch.ones(1, 3, 32, 32))

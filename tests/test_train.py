@@ -105,7 +105,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
 
 
 def test_finetune_timm_checkpoint_new_classes_resolution_and_channels(tmp_path, capsys):
-    timm = pytest.importorskip("timm")
+    import timm
     from safetensors.torch import save_file
 
     src = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, depth=2,

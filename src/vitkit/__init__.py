@@ -8,7 +8,21 @@ from .models.vision_transformer import VisionTransformer
 __version__ = "0.1.0"
 
 __all__ = [
-    "VisionTransformer", "ViTConfig", "Preprocess", "create_model", "load_model", "load_weights", "save_model",
-    "list_models", "model_config", "decode_variant", "VitkitError", "ConfigError", "CheckpointError",
-    "ImageError", "DataError", "OfflineError", "__version__",
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "ImageError",
+    "OfflineError",
+    "Preprocess",
+    "ViTConfig",
+    "VisionTransformer",
+    "VitkitError",
+    "__version__",
+    "create_model",
+    "decode_variant",
+    "list_models",
+    "load_model",
+    "load_weights",
+    "model_config",
+    "save_model",
 ]

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def add_json(p: argparse.ArgumentParser) -> None:

@@ -6,6 +6,15 @@ from .patch_embed import PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
 
 __all__ = [
-    "Attention", "AttentionMap", "Block", "DropPath", "LayerScale", "Mlp", "QuickGELU", "make_act",
-    "PatchEmbed", "resample_pos_embed", "sincos_2d_pos_embed",
+    "Attention",
+    "AttentionMap",
+    "Block",
+    "DropPath",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "QuickGELU",
+    "make_act",
+    "resample_pos_embed",
+    "sincos_2d_pos_embed",
 ]

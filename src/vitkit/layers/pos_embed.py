@@ -22,7 +22,7 @@ def resample_pos_embed(
     """
     n_grid = pos_embed.shape[1] - num_prefix_tokens
     if old_size is None:
-        side = int(math.isqrt(n_grid))
+        side = math.isqrt(n_grid)
         if side * side != n_grid:
             raise ValueError(
                 f"position table has {n_grid} grid entries, not a square; pass old_size=(h, w)"

@@ -93,7 +93,7 @@ class ViTConfig:
     def grid_size(self) -> tuple[int, int]:
         return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
 
-    def replace(self, **overrides: Any) -> "ViTConfig":
+    def replace(self, **overrides: Any) -> ViTConfig:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
@@ -106,7 +106,7 @@ class ViTConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -131,7 +131,7 @@ class Preprocess:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Preprocess":
+    def from_dict(cls, d: dict[str, Any]) -> Preprocess:
         known = {f.name for f in fields(cls)}
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known})
 

@@ -8,8 +8,8 @@ import contextlib
 import glob
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 
 @contextlib.contextmanager

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ def layout(name: str, detect: Callable[[StateDict], bool], priority: int = 0):
 
     def register(fn):
         LAYOUTS.append(Layout(name, detect, fn, priority))
-        LAYOUTS.sort(key=lambda l: -l.priority)
+        LAYOUTS.sort(key=lambda lay: -lay.priority)
         return fn
 
     return register
@@ -117,7 +118,7 @@ def detect_layout(sd: StateDict) -> Layout:
             continue
     sample = ", ".join(sorted(sd)[:6])
     raise CheckpointError(
-        "unrecognised checkpoint layout (known: " + ", ".join(sorted({l.name for l in LAYOUTS})) +
+        "unrecognised checkpoint layout (known: " + ", ".join(sorted({lay.name for lay in LAYOUTS})) +
         f"); first keys: {sample}")
 
 

@@ -1,10 +1,9 @@
 """Read a ViTConfig off a vitkit/timm-named state dict (what the shapes say), plus source hints."""
 from __future__ import annotations
 
+import logging
 import math
 import re
-
-import logging
 
 from ..errors import CheckpointError
 from ..models.config import ViTConfig

@@ -113,7 +113,7 @@ def load_into(model, sd: StateDict, strict: bool = True, source: str = "checkpoi
 def _likely_cause(key: str) -> str:
     if key.startswith("blocks.") and "mlp" in key:
         return " (a different MLP ratio or model size: check --model)"
-    if key.startswith("blocks.") or key.startswith("patch_embed"):
+    if key.startswith(("blocks.", "patch_embed")):
         return " (a different model width or patch size: check --model)"
     if key in ("cls_token", "reg_token", "dist_token"):
         return " (a different number of prefix tokens)"
