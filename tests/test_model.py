@@ -242,3 +242,14 @@ def test_variant_decoding_and_registry():
               "deit_tiny_distilled_patch16_224", "vit_base_patch16_gap_224", "vit_tiny_patch4_28"):
         assert n in names
     assert vitkit.list_models("deit*") and all(n.startswith("deit") for n in vitkit.list_models("deit*"))
+
+
+def test_config_json_round_trip_and_unknown_fields():
+    from vitkit import Preprocess
+
+    cfg = ViTConfig(**TINY, num_reg_tokens=2, prefix_pos=False)
+    assert ViTConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["img_size"] == [32, 32]
+    with pytest.raises(ConfigError, match="unknown ViT config field"):
+        ViTConfig.from_dict(cfg.to_dict() | {"bogus": 1})
+    pre = Preprocess(mean=(0.5,), std=(0.5,), input_size=(1, 8, 8))
+    assert Preprocess.from_dict(pre.to_dict() | {"written_by": "other tool"}) == pre  # lenient by design

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import ConfigError
+from ..typed_config import JsonConfig
 
 POOLS = ("token", "avg", "max")
 POS_EMBEDS = ("learn", "sincos", "none")
@@ -14,7 +15,9 @@ INITS = ("jax", "timm", "moco", "zero_head")
 
 
 @dataclass
-class ViTConfig:
+class ViTConfig(JsonConfig):
+    _what = "ViT config"
+
     img_size: tuple[int, int] = (224, 224)
     patch_size: int = 16
     in_chans: int = 3
@@ -100,40 +103,18 @@ class ViTConfig:
             raise ConfigError(f"unknown model option(s) {unknown}; valid options: {', '.join(sorted(known))}")
         return dataclasses.replace(self, **overrides)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["img_size"] = list(self.img_size)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown ViT config fields {unknown}; this vitkit knows {sorted(known)}")
-        d = dict(d)
-        if "img_size" in d and isinstance(d["img_size"], list):
-            d["img_size"] = tuple(d["img_size"])
-        return cls(**d)
-
 
 @dataclass
-class Preprocess:
+class Preprocess(JsonConfig):
     """How inputs must be prepared for a set of weights (torchvision weight-enum style)."""
+
+    _strict = False  # extra keys written by other tools are ignored
 
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     interpolation: str = "bicubic"
     crop_pct: float = 0.9
     input_size: tuple[int, int, int] = (3, 224, 224)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Preprocess:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known})
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -9,14 +9,17 @@ import dataclasses
 import json
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..typed_config import JsonConfig
 
 
 @dataclass
-class Recipe:
+class Recipe(JsonConfig):
+    _what = "recipe"
+
     name: str = "custom"
     command: str = ""  # the command that runs this recipe
     expected: str = ""  # the result it should reach
@@ -86,22 +89,6 @@ class Recipe:
         need(0 < self.crop_scale <= 1, "crop_scale must be in (0, 1]")
         need(0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)")
         need(self.layer_decay is None or 0 < self.layer_decay <= 1, "layer_decay must be in (0, 1]")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Recipe:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown recipe field(s) {unknown}")
-        d = dict(d)
-        if "betas" in d:
-            d["betas"] = tuple(d["betas"])
-        return cls(**d)
 
     def override(self, assignments: list[str]) -> Recipe:
         """Apply `key=value` strings, each value parsed by the field's type."""
@@ -193,7 +180,8 @@ _preset(Recipe(
 _preset(Recipe(
     name="fashion-mnist",
     command="vitkit train --recipe fashion-mnist --out runs/fashion-mnist",
-    expected=">= 91% test top-1 from scratch within 15 minutes on 2 CPU cores",
+    expected=(">= 91% test top-1 from scratch within 15 minutes on 2 CPU cores (measured on an idle 2-core "
+              "EPYC: 91.16% in 915 s; 91.02% already at epoch 16, ~12.5 min)"),
     data="fashion-mnist", model="vit_tiny_patch4_28",
     model_args=dict(SMALL_VIT, embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0),
     # measured on a 15k subset x 4 epochs: no crop 78.7% vs pad-crop 71.1% (sub-patch shifts slow a short
