@@ -103,16 +103,9 @@ def config_from_file(path: str | os.PathLike) -> tuple[ViTConfig, str]:
     other layouts are imported with `load_model` and read off the weights."""
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".safetensors":
-        from safetensors import safe_open
+        from ..weights.io import parse_vitkit_meta, read_safetensors_meta
 
-        from ..weights.io import parse_vitkit_meta
-
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-        except Exception as e:  # noqa: BLE001 -- safetensors raises several types for bad headers
-            raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-        vk = parse_vitkit_meta(meta, path)
+        vk = parse_vitkit_meta(read_safetensors_meta(path), path)
         if vk is not None:
             name = (vk.get("provenance") or {}).get("arch") or path.name
             return ViTConfig.from_dict(vk["config"]), name

@@ -55,8 +55,9 @@ def create_model(
     if pretrained and checkpoint_path is None:
         from ..weights.hub import download_weights, resolve_pretrained
 
-        checkpoint_path = download_weights(resolve_pretrained(name, entry.hub))
-        model.provenance["source"] = f"hub:{resolve_pretrained(name, entry.hub)}"
+        repo_id = resolve_pretrained(name, entry.hub)
+        checkpoint_path = download_weights(repo_id)
+        model.provenance["source"] = f"hub:{repo_id}"
     if checkpoint_path is not None:
         load_weights(model, checkpoint_path)
     return model

@@ -47,18 +47,17 @@ def load_any(path: str | os.PathLike, **kw: Any) -> nn.Module:
     """vitkit.load_model for ViTs (any importable format), plus the ResNet baselines."""
     import vitkit
 
-    from ..weights.io import parse_vitkit_meta, read_safetensors, resolve_path
+    from ..weights.io import parse_vitkit_meta, read_safetensors, read_safetensors_meta, resolve_path
 
     path = resolve_path(path)
     if path.is_file() and path.suffix == ".safetensors":
-        sd, meta = read_safetensors(path)
-        vk = parse_vitkit_meta(meta, path)
+        vk = parse_vitkit_meta(read_safetensors_meta(path), path)  # the header only: ViTs are read once, below
         if vk is not None and is_resnet(vk["config"].get("arch")):
             if any(v is not None for v in kw.values()):
                 from ..errors import ConfigError
 
                 raise ConfigError(f"{path}: fine-tuning a ResNet checkpoint is not supported")
-            return load_resnet(sd, vk, path)
+            return load_resnet(read_safetensors(path)[0], vk, path)
     kw = {k: v for k, v in kw.items() if v is not None}
     model = vitkit.load_model(path, **kw)
     fix_preprocess(model)

@@ -28,19 +28,32 @@ def _check_file(path: Path) -> None:
         raise CheckpointError(f"{path}: the file is empty (0 bytes)")
 
 
-def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read_safetensors_meta(path: str | os.PathLike) -> dict[str, str]:
+    """The header metadata of a safetensors file, without reading any tensor."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     path = Path(path)
     _check_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        return load_file(str(path)), meta
+            return f.metadata() or {}
     except Exception as e:  # safetensors raises several types for bad headers / truncation
-        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); "
-                              "it may be truncated or corrupted") from None
+        raise _unreadable_safetensors(path, e) from None
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors.torch import load_file
+
+    meta = read_safetensors_meta(path)
+    try:
+        return load_file(str(path)), meta
+    except Exception as e:
+        raise _unreadable_safetensors(Path(path), e) from None
+
+
+def _unreadable_safetensors(path: Path, e: Exception) -> CheckpointError:
+    return CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); "
+                           "it may be truncated or corrupted")
 
 
 def read_torch(path: str | os.PathLike) -> dict[str, Any]:
