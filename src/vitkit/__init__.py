@@ -1,7 +1,7 @@
 """vitkit: Vision Transformers you can build, import, train, look inside and ship."""
 from .errors import CheckpointError, ConfigError, DataError, ImageError, OfflineError, VitkitError
 from .models.config import Preprocess, ViTConfig
-from .models.factory import create_model, load_model, load_weights, save_model
+from .api import create_model, load_model, load_weights, save_model
 from .models.registry import decode_variant, list_models, model_config
 from .models.vision_transformer import VisionTransformer
 

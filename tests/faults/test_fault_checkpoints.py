@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 import vitkit
 from vitkit.errors import CheckpointError, VitkitError
 from vitkit.layers import resample_pos_embed
-from vitkit.weights.atomic import atomic_path, atomic_write
+from vitkit._files import atomic_path, atomic_write
 from vitkit.weights.io import FORMAT_VERSION, META_PREFIX, read_any
 
 torch.set_num_threads(1)
@@ -413,7 +413,7 @@ def test_save_model_on_full_disk_keeps_previous_checkpoint(tiny_disk):
 def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
     """A writer killed mid-write leaves `.NAME.<pid>.xxxx.tmp`; the next write to NAME removes it,
     but never the temp file of a writer that is still alive."""
-    from vitkit.weights.atomic import atomic_write_text
+    from vitkit._files import atomic_write_text
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)

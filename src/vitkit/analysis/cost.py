@@ -109,7 +109,7 @@ def config_from_file(path: str | os.PathLike) -> tuple[ViTConfig, str]:
         if vk is not None:
             name = (vk.get("provenance") or {}).get("arch") or path.name
             return ViTConfig.from_dict(vk["config"]), name
-    from ..models.factory import load_model
+    from ..api import load_model
 
     return load_model(path).cfg, path.name
 

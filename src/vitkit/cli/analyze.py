@@ -47,7 +47,7 @@ def run(args) -> int:
         pos_similarity_figure,
     )
     from ..analysis.inputs import prepare, sample_images
-    from ..models.factory import load_model
+    from ..api import load_model
 
     model = load_model(args.checkpoint).eval()
     out = Path(args.out)

@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..models.factory import load_model, save_model
+    from ..api import load_model, save_model
 
     model = load_model(args.src, model_name=args.model)
     out = save_model(model, args.out, provenance={"converted_from": str(args.src)})

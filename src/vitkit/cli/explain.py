@@ -35,7 +35,7 @@ def run(args) -> int:
     from ..analysis.figures import head_grid_figure, model_label, overlay_figure
     from ..analysis.inputs import load_image, prepare
     from ..errors import ConfigError
-    from ..models.factory import load_model
+    from ..api import load_model
 
     if not 0.0 <= args.discard_ratio < 1.0:
         raise ConfigError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")

@@ -31,7 +31,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..export.onnx import OnnxRunner, compare_top1, export_onnx, quantize_int8
-    from ..models.factory import load_model
+    from ..api import load_model
 
     model = load_model(args.checkpoint).eval()
     out = export_onnx(model, args.onnx, dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,

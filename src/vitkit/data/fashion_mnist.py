@@ -60,7 +60,7 @@ def _md5(path: Path) -> str:
 
 def download(dest: Path | None = None, timeout: float = 30.0) -> Path:
     """Fetch the four files into `dest` (the cache by default), verifying MD5; atomic per file."""
-    from ..weights.atomic import atomic_path
+    from .._files import atomic_path
 
     dest = dest or cache_dir()
     for name, md5 in FILES.items():

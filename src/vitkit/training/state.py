@@ -43,7 +43,7 @@ def save_state(path: str | os.PathLike, *, model_sd: dict, optimizer: torch.opti
                ema_sd: dict | None, info: dict[str, Any]) -> Path:
     from safetensors.torch import save_file
 
-    from ..weights.atomic import atomic_path
+    from .._files import atomic_path
 
     opt_tensors, opt_index = optimizer_to_flat(optimizer.state_dict())
     tensors = {f"model.{k}": v for k, v in model_sd.items()}

@@ -273,7 +273,7 @@ class Trainer:
     def _reconcile_logs(self) -> None:
         """A killed run may have flushed step lines past its saved state, or saved a state before appending
         its metrics line: rewrite both logs from the state so each epoch and step appears exactly once."""
-        from ..weights.atomic import atomic_write_text
+        from .._files import atomic_write_text
 
         atomic_write_text(self.out / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in self.history))
         steps, seen = [], set()
@@ -310,7 +310,7 @@ class Trainer:
                "preprocess": self.model.preprocess.to_dict(), "class_names": self.data.class_names,
                "world_size": self.d.world, "device": str(self.device), "vitkit": __version__,
                "torch": torch.__version__}
-        from ..weights.atomic import atomic_write_text
+        from .._files import atomic_write_text
 
         atomic_write_text(self.out / "config.json", json.dumps(cfg, indent=2, default=str))
 

@@ -166,7 +166,7 @@ def save_checkpoint(
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    from .atomic import atomic_path
+    from .._files import atomic_path
 
     meta = {
         META_PREFIX + "format_version": str(FORMAT_VERSION),

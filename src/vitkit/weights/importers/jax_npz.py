@@ -186,7 +186,7 @@ def export_npz(model, path: str | os.PathLike, style: str = "vit_jax", scan: boo
         raise CheckpointError(f"export_npz: style {style!r} needs a model with {need}")
     arrays = to_jax_arrays(model.state_dict(), cfg.num_heads, style, scan)
     path = Path(path)
-    from ..atomic import atomic_path
+    from ..._files import atomic_path
 
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
-from .config import Preprocess, ViTConfig, default_preprocess
-from .registry import get_entry, model_config
-from .vision_transformer import VisionTransformer
+from .errors import CheckpointError
+from .models.config import Preprocess, ViTConfig, default_preprocess
+from .models.registry import get_entry, model_config
+from .models.vision_transformer import VisionTransformer
 
 log = logging.getLogger("vitkit")
 
@@ -53,7 +53,7 @@ def create_model(
                              interpolation=entry.interpolation)
     model = build_model(cfg, pre, provenance={"arch": entry.name})
     if pretrained and checkpoint_path is None:
-        from ..weights.hub import download_weights, resolve_pretrained
+        from .weights.hub import download_weights, resolve_pretrained
 
         repo_id = resolve_pretrained(name, entry.hub)
         checkpoint_path = download_weights(repo_id)
@@ -65,9 +65,9 @@ def create_model(
 
 def load_weights(model: VisionTransformer, path: str | os.PathLike, strict: bool = True) -> dict:
     """Load any supported checkpoint into an existing model (with adaptation, see weights.load)."""
-    from ..weights.convert import to_vitkit
-    from ..weights.io import parse_vitkit_meta, read_any
-    from ..weights.load import load_into
+    from .weights.convert import to_vitkit
+    from .weights.io import parse_vitkit_meta, read_any
+    from .weights.load import load_into
 
     raw, meta, hf_config = read_any(path)
     vk = parse_vitkit_meta(meta, path)
@@ -113,10 +113,10 @@ def load_model(
     vitkit files carry their config; foreign checkpoints are imported and their architecture is read
     off the shapes (plus config.json for HF folders). `model_name` forces a registered architecture.
     """
-    from ..weights.convert import to_vitkit
-    from ..weights.infer import infer_config
-    from ..weights.io import parse_vitkit_meta, read_any
-    from ..weights.load import load_into
+    from .weights.convert import to_vitkit
+    from .weights.infer import infer_config
+    from .weights.io import parse_vitkit_meta, read_any
+    from .weights.load import load_into
 
     raw, meta, hf_config = read_any(path)
     vk = parse_vitkit_meta(meta, path)
@@ -175,7 +175,7 @@ def save_model(
 
     `dtype` (e.g. torch.float16) stores floating-point weights smaller; loading casts them back to the
     model's dtype."""
-    from ..weights.io import save_checkpoint
+    from .weights.io import save_checkpoint
 
     pre = preprocess or getattr(model, "preprocess", None) or default_preprocess(model.cfg)
     names = class_names if class_names is not None else getattr(model, "class_names", None)
@@ -184,7 +184,7 @@ def save_model(
     prov = dict(getattr(model, "provenance", {}) or {}) | dict(provenance or {})
     prov.setdefault("params", sum(p.numel() for p in model.parameters()))
     if isinstance(model, VisionTransformer):
-        from ..analysis.cost import mac_counts
+        from .analysis.cost import mac_counts
 
         prov.setdefault("gmacs", round(sum(mac_counts(model.cfg).values()) / 1e9, 4))
     sd = model.state_dict()
