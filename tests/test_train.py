@@ -90,14 +90,31 @@ def test_ctrl_c_saves_state_and_resume_matches(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    from vitkit.training.tasks import ClassificationTask
+
+    calls = []
+    real_loss = ClassificationTask.loss
+
+    def loss_nan_at_step_8(self, logits, target):  # one micro-batch per step: call 8 is optimiser step 8
+        calls.append(1)
+        loss = real_loss(self, logits, target)
+        return loss * float("nan") if len(calls) == 8 else loss
+
+    monkeypatch.setattr(ClassificationTask, "loss", loss_nan_at_step_8)
     out = tmp_path / "nan"
-    rc = cli(["train", "--out", str(out), *FAST, "--epochs", "3", "--set", "inject_nan_step=7"])
+    rc = cli(["train", "--out", str(out), *FAST, "--epochs", "3"])
     err = capsys.readouterr().err
     assert rc == 2 and "loss became nan at step 8" in err and "last good checkpoint" in err
     good = vitkit.load_model(out / "last.safetensors")  # epoch 1's, intact
     assert good.provenance["epochs"] == 1
     assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+    assert not list(out.glob(".*.tmp"))  # summary.json written atomically, nothing half-written left
+    from vitkit.training.state import load_state
+
+    assert load_state(out / "state.safetensors")["info"]["step"] == 5  # nothing saved from the bad step
+    assert "inject_nan_step" not in json.loads((out / "config.json").read_text())["recipe"]
+    monkeypatch.undo()
     # a real divergence from an absurd learning rate: a clear stop, no checkpoint claimed
     rc = cli(["train", "--out", str(tmp_path / "lr"), *FAST, "--epochs", "2", "--lr", "1e30", "--set", "clip_grad=none"])
     err = capsys.readouterr().err
@@ -142,6 +159,20 @@ def test_resnet18_baseline_trains_saves_and_loads(tmp_path, capsys):
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model"]["arch"] == "resnet18"
+
+
+def test_stop_after_epochs_is_documented_and_old_configs_resume(tmp_path, capsys):
+    from vitkit.cli.main import build_parser
+    from vitkit.training.recipes import Recipe
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
+    opt = next(a for a in sub._actions if "--stop-after-epochs" in a.option_strings)
+    assert "--resume" in opt.help  # shown in `vitkit train --help`, not hidden
+    # a config.json written before the test hook left the product still resumes
+    old = Recipe().to_dict() | {"inject_nan_step": None}
+    assert Recipe.from_dict(old) == Recipe()
+    assert cli(["train", "--out", str(tmp_path / "x"), "--set", "task=nope"]) == 2
+    assert "unknown task 'nope'" in capsys.readouterr().err
 
 
 def test_bad_overrides_are_one_line_errors(tmp_path, capsys):

@@ -20,7 +20,6 @@ import vitkit
 from vitkit.cli.main import build_parser, main
 
 pytestmark = pytest.mark.slow
-torch.set_num_threads(1)
 _FORK = mp.get_context("fork")  # a forked child starts in milliseconds (torch already imported)
 
 EPOCHS = 10

@@ -29,17 +29,13 @@ def register(sub) -> None:
                    "resolution and channels as the data needs); defaults to the finetune recipe")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its saved state")
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image instead of skipping it")
-    p.add_argument("--stop-after-epochs", type=positive_int, help=argparse_hide())
+    p.add_argument("--stop-after-epochs", type=positive_int, metavar="N",
+                   help="stop cleanly after epoch N (state, checkpoints and logs saved; no summary yet); "
+                   "finish later with --out RUN --resume, which reaches the same weights as an uninterrupted run")
     p.add_argument("--list-recipes", action="store_true", help="print the presets with their commands and targets")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
     add_json(p)
     p.set_defaults(func=run)
-
-
-def argparse_hide():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 def resolve_recipe(args):

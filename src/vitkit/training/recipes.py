@@ -43,7 +43,7 @@ class Recipe(JsonConfig):
     warmup_epochs: float = 2.0
     weight_decay: float = 0.05
     betas: tuple[float, float] = (0.9, 0.999)
-    layer_decay: float | None = None  # layer-wise LR decay (ViT): lr * decay ** (depth + 1 - layer_id)
+    layer_decay: float | None = None  # layer-wise LR decay: group g of G (group_matcher) at lr * decay ** (G-1-g)
     head_lr: float | None = None  # separate LR for the classifier head (fine-tuning)
     clip_grad: float | None = 1.0
     # regularisation
@@ -69,10 +69,17 @@ class Recipe(JsonConfig):
     workers: int = 0  # DataLoader worker processes
     seed: int = 0
     eval_batch_size: int = 512
-    inject_nan_step: int | None = None  # testing aid: make the loss NaN at this optimiser step
+    # objective
+    task: str = "classification"  # the training objective: a name in training.tasks.TASKS
+
+    _retired = ("inject_nan_step",)  # fields of older versions: dropped when an old run's config.json is read
 
     def __post_init__(self):
         self.validate()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        return super().from_dict({k: v for k, v in d.items() if k not in cls._retired})
 
     def validate(self) -> None:
         def need(cond, msg):
@@ -89,6 +96,9 @@ class Recipe(JsonConfig):
         need(0 < self.crop_scale <= 1, "crop_scale must be in (0, 1]")
         need(0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)")
         need(self.layer_decay is None or 0 < self.layer_decay <= 1, "layer_decay must be in (0, 1]")
+        from .tasks import TASKS
+
+        need(self.task in TASKS, f"unknown task {self.task!r}; known: {', '.join(TASKS)}")
 
     def override(self, assignments: list[str]) -> Recipe:
         """Apply `key=value` strings, each value parsed by the field's type."""

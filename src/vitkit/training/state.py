@@ -1,4 +1,5 @@
-"""The resumable training state as ONE safetensors file: every tensor (model, EMA, optimiser moments, RNG)
+"""The resumable training state as ONE safetensors file: every tensor (model, EMA, optimiser moments, RNG,
+the task's own state)
 under a prefixed key, and everything else (epoch, step, optimiser hyper-parameters, history) as a JSON
 index in the metadata. No pickle; written atomically, so a crash or a full disk keeps the previous state.
 """
@@ -40,7 +41,7 @@ def optimizer_from_flat(tensors: dict[str, torch.Tensor], index: dict[str, Any])
 
 
 def save_state(path: str | os.PathLike, *, model_sd: dict, optimizer: torch.optim.Optimizer,
-               ema_sd: dict | None, info: dict[str, Any]) -> Path:
+               ema_sd: dict | None, info: dict[str, Any], task_sd: dict | None = None) -> Path:
     from safetensors.torch import save_file
 
     from .._files import atomic_path
@@ -48,6 +49,7 @@ def save_state(path: str | os.PathLike, *, model_sd: dict, optimizer: torch.opti
     opt_tensors, opt_index = optimizer_to_flat(optimizer.state_dict())
     tensors = {f"model.{k}": v for k, v in model_sd.items()}
     tensors |= {f"ema.{k}": v for k, v in (ema_sd or {}).items()}
+    tensors |= {f"task.{k}": v for k, v in (task_sd or {}).items()}
     tensors |= opt_tensors
     tensors["rng.torch"] = torch.get_rng_state()
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
@@ -60,7 +62,8 @@ def save_state(path: str | os.PathLike, *, model_sd: dict, optimizer: torch.opti
 
 
 def load_state(path: str | os.PathLike) -> dict[str, Any]:
-    """-> {'model': sd, 'ema': sd or None, 'optimizer': optimizer state_dict, 'rng': tensor, 'info': dict}."""
+    """-> {'model': sd, 'ema': sd or None, 'task': sd (maybe empty), 'optimizer': optimizer state_dict,
+    'rng': tensor, 'info': dict}."""
     from ..weights.io import read_safetensors
 
     path = Path(path)
@@ -69,6 +72,7 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a vitkit training state")
     model = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
     ema = {k[4:]: v for k, v in tensors.items() if k.startswith("ema.")} or None
-    return {"model": model, "ema": ema, "rng": tensors.get("rng.torch"),
+    task = {k[5:]: v for k, v in tensors.items() if k.startswith("task.")}
+    return {"model": model, "ema": ema, "task": task, "rng": tensors.get("rng.torch"),
             "optimizer": optimizer_from_flat(tensors, json.loads(meta["vitkit.optimizer"])),
             "info": json.loads(meta["vitkit.info"])}

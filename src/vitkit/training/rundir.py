@@ -1,0 +1,138 @@
+"""The run folder: config.json, metrics.jsonl and steps.jsonl, state.safetensors, last/best.safetensors,
+summary.json and the report. Only the main rank writes; every write is atomic (a temp file renamed over the
+target), so a kill at any moment leaves each file whole, and `reconcile` makes the logs agree with the saved
+state when a run resumes after a kill.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._files import atomic_write_text
+from ..errors import VitkitError
+from . import models as model_io
+from .state import load_state, save_state
+
+
+class TrainingError(VitkitError):
+    """Training stopped on purpose: a diverged loss, or a checkpoint that could not be written."""
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from safetensors import SafetensorError  # wraps the OS error (disk full, file too large)
+
+        return (OSError, SafetensorError)
+    except ImportError:
+        return (OSError,)
+
+
+_WRITE_ERRORS = _write_errors()
+
+
+def _reason(e: BaseException) -> str:
+    return getattr(e, "strerror", None) or str(e)
+
+
+def _jsonl(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def run_config(recipe, data, model, *, command: str, finetune, world: int, device) -> dict[str, Any]:
+    """config.json: the resolved recipe, the data (with its seeded split), the model and the environment."""
+    from .._version import __version__
+
+    return {"recipe": recipe.to_dict(), "command": command, "finetune": finetune,
+            "data": data.summary() | {"split_indices": data.info.get("split_indices")},
+            "model": getattr(model, "arch_config", None) or model.cfg.to_dict(),
+            "preprocess": model.preprocess.to_dict(), "class_names": data.class_names,
+            "world_size": world, "device": str(device), "vitkit": __version__, "torch": torch.__version__}
+
+
+def provenance(recipe, dataset: str, epoch: int, split: str, metrics: dict[str, Any], command: str) -> dict[str, Any]:
+    """What a checkpoint records about the run that made it; `accuracy` holds the task's metrics but the loss."""
+    import time
+
+    from .._version import __version__
+
+    scores = {f"{split}_{k}": round(v, 3) for k, v in metrics.items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("loss", "score")}
+    return {"recipe": recipe.name, "dataset": dataset, "epochs": epoch, "accuracy": scores, "command": command,
+            "vitkit": __version__, "ema": recipe.ema, "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def start(self, config: dict[str, Any]) -> None:
+        """A fresh run: config.json and empty logs."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path / "config.json", json.dumps(config, indent=2, default=str))
+        atomic_write_text(self.path / "metrics.jsonl", "")
+        atomic_write_text(self.path / "steps.jsonl", "")
+
+    def reconcile(self, history: list[dict[str, Any]], step: int) -> None:
+        """A killed run may have flushed step lines past its saved state, or saved a state before writing
+        its metrics line: rewrite both logs from the state so each epoch and step appears exactly once."""
+        self.write_metrics(history)
+        steps, seen = [], set()
+        path = self.path / "steps.jsonl"
+        for line in (path.read_text().splitlines() if path.exists() else []):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill (older versions appended in place)
+                continue
+            if rec["step"] <= step and rec["step"] not in seen:
+                seen.add(rec["step"])
+                steps.append(line + "\n")
+        atomic_write_text(path, "".join(steps))
+
+    def append_steps(self, records: list[dict[str, Any]]) -> None:
+        """Per-step loss and LR -> steps.jsonl (the DDP and resume tests compare these)."""
+        if records:
+            path = self.path / "steps.jsonl"
+            old = path.read_text() if path.exists() else ""
+            atomic_write_text(path, old + _jsonl(records))
+
+    def write_metrics(self, history: list[dict[str, Any]]) -> None:
+        atomic_write_text(self.path / "metrics.jsonl", _jsonl(history))
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write_text(self.path / "summary.json", json.dumps(summary, indent=2))
+
+    def save_checkpoint(self, model, name: str, class_names, provenance: dict[str, Any]) -> None:
+        path = self.path / name
+        try:
+            model_io.save(model, path, class_names=class_names, provenance=provenance)
+        except _WRITE_ERRORS as e:
+            raise TrainingError(f"could not write {path}: {_reason(e)}; the previous file is intact "
+                                "(writes are atomic)") from None
+
+    def save_state(self, *, model_sd, optimizer, ema_sd, task_sd, info: dict[str, Any]) -> None:
+        path = self.path / "state.safetensors"
+        try:
+            save_state(path, model_sd=model_sd, optimizer=optimizer, ema_sd=ema_sd, task_sd=task_sd, info=info)
+        except _WRITE_ERRORS as e:
+            raise TrainingError(f"could not write {path}: {_reason(e)}; the previous state is intact "
+                                "(writes are atomic)") from None
+
+    def load_state(self) -> dict[str, Any]:
+        path = self.path / "state.safetensors"
+        if not path.exists():
+            raise TrainingError(f"{self.path}: nothing to resume (no state.safetensors)")
+        return load_state(path)
+
+    def report(self, summary: dict[str, Any], history: list[dict[str, Any]], final: dict[str, Any],
+               class_names: list[str], title: str) -> Path:
+        """summary.json, the curves, the confusion matrix (when the task has one) and report.md."""
+        from .report import plot_confusion, plot_curves, write_report
+
+        plot_curves(history, self.path / "curves.png")
+        if isinstance(final.get("confusion"), torch.Tensor):
+            plot_confusion(final["confusion"], class_names, self.path / "confusion.png", title)
+        self.write_summary(summary)
+        return write_report(self.path, summary)

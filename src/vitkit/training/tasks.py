@@ -1,0 +1,139 @@
+"""Training objectives. The loop knows nothing about what is learnt; per micro-batch it does
+
+    out = task(batch)                               # batch: what the DataLoader yields, on the device
+    (out["loss"] / accum_steps).backward()
+
+and per epoch `task.evaluate(model, loader)`, whose "score" picks best.safetensors. Today's objective is
+`ClassificationTask`; a recipe's `task` field picks one from `TASKS`. timm's `timm/task` (TrainingTask) is the
+precedent: the objective is an object that wraps the (possibly DDP-wrapped) model.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+
+
+class Task:
+    """An objective. A new one (MAE, DeiT distillation, DINO) subclasses Task, adds itself to `TASKS`, and
+    implements:
+
+    - `__call__(batch) -> dict`: "loss", a scalar tensor (the micro-batch mean), plus anything else it likes;
+      "batch_size" (images in the micro-batch) when `batch[0]` is not the image tensor. It runs `self.net`
+      (the model as trained: DDP-wrapped and compiled when asked) under `self.autocast()`.
+    - `evaluate(model, loader) -> dict`: metrics with "score" (higher is better: it picks best.safetensors;
+      an MAE returns -loss) and "loss". The other numbers are logged as eval_<name>; other values (a
+      confusion matrix) only reach the report.
+
+    and, when it needs them (the defaults do nothing):
+
+    - `on_epoch_start(epoch)`: a schedule over epochs (MixUp off for the last epochs, DINO's teacher temperature);
+    - `after_step(step)`: after each optimiser step (DINO's teacher EMA update);
+    - `modules()`: trainable modules besides the model (MAE's decoder, DINO's head); the optimiser trains them
+      and the loop averages their gradients across ranks;
+    - `state_dict()` / `load_state_dict()`: tensors kept in state.safetensors for --resume (a DINO teacher,
+      its centre); a frozen teacher loaded from a file needs none;
+    - `describe(metrics)`: the metrics as the per-epoch console line shows them.
+    """
+
+    def __init__(self, recipe, *, net: nn.Module, model: nn.Module, num_classes: int, device: torch.device):
+        self.recipe, self.net, self.model = recipe, net, model
+        self.num_classes, self.device = num_classes, device
+
+    def autocast(self) -> AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.recipe.bf16)
+
+    def __call__(self, batch) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def on_epoch_start(self, epoch: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def modules(self) -> list[nn.Module]:
+        return []
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        if sd:
+            raise ConfigError(f"task {type(self).__name__} keeps no state, but the saved state has {sorted(sd)[:3]}")
+
+    def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
+        text = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)) and k != "score")
+        return text + (f" (raw score {raw['score']:.4g})" if raw else "")
+
+
+class ClassificationTask(Task):
+    """Cross-entropy with label smoothing, in fp32 on the logits; MixUp/CutMix soft targets
+    (data.transforms.batch_mixer), switched off for the last `mix_off_epochs` epochs."""
+
+    def __init__(self, recipe, **kw):
+        super().__init__(recipe, **kw)
+        from ..data.transforms import batch_mixer
+
+        self.mixer = batch_mixer(recipe, self.num_classes)
+        self.mixing = self.mixer is not None
+
+    def on_epoch_start(self, epoch: int) -> None:
+        self.mixing = self.mixer is not None and epoch < self.recipe.epochs - self.recipe.mix_off_epochs
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """logits [B, K]; target [B] class indices or [B, K] soft targets."""
+        return F.cross_entropy(logits.float(), target, label_smoothing=self.recipe.label_smoothing)
+
+    def __call__(self, batch) -> dict[str, Any]:
+        x, y = batch
+        if self.mixing:
+            x, y = self.mixer(x, y)  # y: [B, K] soft targets
+        with self.autocast():
+            logits = self.net(x)
+        return {"loss": self.loss(logits, y), "logits": logits, "target": y, "batch_size": len(x)}
+
+    def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
+        from .evaluate import evaluate
+
+        res = evaluate(model, loader, self.num_classes, self.device, self.recipe.bf16)
+        return {"top1": res["top1"], "top5": res["top5"], "loss": res["loss"], "score": res["top1"],
+                "confusion": res["confusion"]}
+
+    def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
+        extra = f" (raw {raw['top1']:.2f})" if raw else ""
+        return f"top-1 {metrics['top1']:.2f}%{extra} top-5 {metrics['top5']:.2f}%"
+
+
+def loggable(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The loggable metrics of a task's evaluation (numbers; "score" is kept apart: it picks the best)."""
+    return {prefix + k: v for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "score"}
+
+
+def to_device(batch, device: torch.device):
+    """The tensors of a batch (nested in tuples, lists, dicts) on the device."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+TASKS: dict[str, type[Task]] = {"classification": ClassificationTask}
+
+
+def make_task(recipe, **kw) -> Task:
+    if recipe.task not in TASKS:
+        raise ConfigError(f"unknown task {recipe.task!r}; known: {', '.join(TASKS)}")
+    return TASKS[recipe.task](recipe, **kw)

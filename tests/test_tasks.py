@@ -1,0 +1,134 @@
+"""The objective seam: ClassificationTask's loss and targets, and a new objective defined here that trains
+through the real Trainer loop (digits) without any change to the loop."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitkit.training.recipes import Recipe
+from vitkit.training.state import load_state
+from vitkit.training.tasks import TASKS, ClassificationTask, Task
+from vitkit.training.trainer import Trainer
+
+CPU = torch.device("cpu")
+
+
+def _task(recipe: Recipe, net: nn.Module | None = None, num_classes: int = 4) -> ClassificationTask:
+    net = net or nn.Identity()  # the "model" returns its input: the batch's x are the logits
+    return ClassificationTask(recipe, net=net, model=net, num_classes=num_classes, device=CPU)
+
+
+def test_classification_loss_is_label_smoothed_cross_entropy_in_fp32():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 0.0], [0.1, 0.2, 3.0, -2.0], [-1.0, -1.0, -1.0, 4.0]])
+    y = torch.tensor([0, 2, 1])
+    task = _task(Recipe(label_smoothing=0.2, bf16=False))
+    out = task((logits, y))
+    assert out["batch_size"] == 3 and out["loss"].dtype == torch.float32
+    torch.testing.assert_close(out["loss"], F.cross_entropy(logits, y, label_smoothing=0.2))
+    # the formula itself: (1 - e) * NLL + e * mean over classes of -log p
+    logp = logits.log_softmax(1)
+    by_hand = (0.8 * -logp[torch.arange(3), y] + 0.2 * -logp.mean(1)).mean()
+    torch.testing.assert_close(out["loss"], by_hand)
+    # bf16 logits (autocast) are promoted to fp32 before the loss
+    half = task.loss(logits.bfloat16(), y)
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, F.cross_entropy(logits.bfloat16().float(), y, label_smoothing=0.2))
+
+
+def test_mixup_gives_soft_targets_until_the_last_epochs():
+    recipe = Recipe(mixup=0.8, label_smoothing=0.0, epochs=5, mix_off_epochs=2, bf16=False)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
+    task = _task(recipe, net)
+    x, y = torch.randn(8, 3, 2, 2), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    torch.manual_seed(0)
+    task.on_epoch_start(0)
+    out = task((x, y))
+    t = out["target"]
+    assert t.shape == (8, 4) and torch.allclose(t.sum(1), torch.ones(8))
+    assert (t.max(1).values < 1).all()  # mixed: no row is one-hot
+    torch.testing.assert_close(out["loss"], F.cross_entropy(out["logits"].float(), t))
+    task.on_epoch_start(3)  # epochs 3 and 4 are the last two: mixing off
+    out = task((x, y))
+    assert torch.equal(out["target"], y)
+    torch.testing.assert_close(out["loss"], F.cross_entropy(net(x), y))
+
+
+class BrierTask(Task):
+    """A regression-style objective: a small probe on the logits, mean squared error to one-hot targets.
+    It owns a trainable module and keeps state for --resume, and counts the hooks the loop calls."""
+
+    def __init__(self, recipe, **kw):
+        super().__init__(recipe, **kw)
+        self.probe = nn.Linear(self.num_classes, self.num_classes)
+        self.probe_init = self.probe.weight.detach().clone()
+        self.epochs_started: list[int] = []
+        self.steps_done: list[int] = []
+        self.steps_seen = torch.zeros((), dtype=torch.long)
+
+    def __call__(self, batch) -> dict[str, Any]:
+        x, y = batch
+        with self.autocast():
+            logits = self.net(x)
+        pred = self.probe(logits.float()).softmax(1)
+        return {"loss": F.mse_loss(pred, F.one_hot(y, self.num_classes).float()), "batch_size": len(x)}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
+        model.eval()
+        total, n = 0.0, 0
+        for x, y in loader:
+            pred = self.probe(model(x).float()).softmax(1)
+            total += F.mse_loss(pred, F.one_hot(y, self.num_classes).float(), reduction="sum").item() / self.num_classes
+            n += len(y)
+        model.train()
+        return {"loss": total / n, "score": -total / n}
+
+    def on_epoch_start(self, epoch: int) -> None:
+        self.epochs_started.append(epoch)
+
+    def after_step(self, step: int) -> None:
+        self.steps_done.append(step)
+        self.steps_seen += 1
+
+    def modules(self) -> list[nn.Module]:
+        return [self.probe]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"probe.{k}": v for k, v in self.probe.state_dict().items()} | {"steps_seen": self.steps_seen}
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        self.probe.load_state_dict({k[6:]: v for k, v in sd.items() if k.startswith("probe.")})
+        self.steps_seen = sd["steps_seen"].clone()
+
+
+def test_a_new_objective_trains_through_the_unchanged_loop(tmp_path, monkeypatch):
+    monkeypatch.setitem(TASKS, "brier", BrierTask)
+    recipe = Recipe(task="brier", data="digits", epochs=4, steps_per_epoch=3, batch_size=32, threads=1, bf16=False,
+                    warmup_epochs=0, lr=3e-3, eval_batch_size=512)
+    trainer = Trainer(recipe, tmp_path / "run", quiet=True, stop_after_epochs=2)
+    assert trainer.run()["status"] == "stopped"
+    task = trainer.task
+    assert isinstance(task, BrierTask) and task.epochs_started == [0, 1] and task.steps_done == [1, 2, 3, 4, 5, 6]
+    # the loop logged the task's loss: MSE of probabilities (< 1), not a cross-entropy (~2.3 at the start)
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, 7)) and all(0 < s["loss"] < 0.2 for s in steps)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2] and "eval_top1" not in metrics[0]
+    assert all(0 < m["eval_loss"] < 0.2 for m in metrics)
+    assert trainer.best["score"] == max(-m["eval_loss"] for m in metrics)  # the task's score picked best
+    # the probe was trained by the optimiser and saved with the state
+    assert any(task.probe.weight is p for g in trainer.optimizer.param_groups for p in g["params"])
+    st = load_state(tmp_path / "run" / "state.safetensors")
+    assert int(st["task"]["steps_seen"]) == 6
+    torch.testing.assert_close(st["task"]["probe.weight"], task.probe.weight.detach())
+    assert not torch.equal(task.probe_init, task.probe.weight)
+
+    # --resume brings the task's state back and trains on
+    resumed = Trainer(recipe, tmp_path / "run", resume=True, quiet=True, stop_after_epochs=3)
+    assert resumed.run()["status"] == "stopped"
+    assert int(resumed.task.steps_seen) == 9 and resumed.task.epochs_started == [2]
+    assert resumed.task.steps_done == [7, 8, 9]
