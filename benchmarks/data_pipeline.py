@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from vitkit.cli.bench import build_vitkit, machine_info
+from vitkit.bench import build_vitkit, machine_info
 from vitkit.data.datasets import Transformed, load_data
 from vitkit.data.transforms import train_transform
 from vitkit.training.recipes import get_recipe

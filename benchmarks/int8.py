@@ -1,4 +1,4 @@
-"""int8 dynamic quantisation of a trained model: top-1 change beside the speed-up, via `vitkit export`.
+"""int8 dynamic quantisation of a trained model: top-1 change beside the speed-up (as `vitkit export --int8`).
 
 Usage: python benchmarks/int8.py CKPT [--data fashion-mnist]
 (the shipped model: runs/fashion-mnist/best.safetensors from `vitkit train --recipe fashion-mnist`).
@@ -7,14 +7,14 @@ Writes benchmarks/results/int8.{md,json}.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-from vitkit.cli.main import main as vitkit_main
+from vitkit.api import load_model
+from vitkit.bench import int8_report
+from vitkit.export.onnx import export_onnx
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -24,15 +24,10 @@ def main() -> int:
     p.add_argument("checkpoint")
     p.add_argument("--data", default="fashion-mnist")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = ["export", args.checkpoint, "--onnx", str(Path(tmp) / "model.onnx"), "--int8",
-                "--eval-data", args.data, "--json"]
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            rc = vitkit_main(argv)
-        if rc:
-            return rc
-    report = json.loads(out.getvalue())
+    model = load_model(args.checkpoint).eval()
+    with tempfile.TemporaryDirectory() as tmp:  # what `vitkit export CKPT --int8 --eval-data DATA` does
+        report = export_onnx(model, Path(tmp) / "model.onnx") | {"checkpoint": args.checkpoint}
+        report["int8"] = int8_report(model, Path(tmp) / "model.onnx", eval_data=args.data)
     q, top1 = report["int8"], report["int8"]["accuracy"]["top1"]
     command = f"python benchmarks/int8.py {args.checkpoint} --data {args.data}"
     lines = [f"Command: `{command}`", "",

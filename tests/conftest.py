@@ -1,8 +1,13 @@
-"""Shared fixtures: a real photo as model input, and a table of measured peer-parity differences."""
+"""Shared fixtures: a real photo as model input, and a table of measured peer-parity differences.
+
+Every test process runs torch on one thread: the test machines are small and shared, and one thread
+keeps timings and reductions steady. Set here once, for the whole session, not per module."""
 from __future__ import annotations
 
 import pytest
 import torch
+
+torch.set_num_threads(1)
 
 _PARITY: list[tuple[str, float, float]] = []
 

@@ -15,6 +15,7 @@ from vitkit.analysis.attention import (
     attention_weights,
     cls_attention,
     discard_lowest,
+    explain,
     grad_rollout,
     object_mass,
     rollout_matrix,
@@ -23,7 +24,6 @@ from vitkit.analysis.attention import (
 from vitkit.analysis.distance import model_attention_distance
 from vitkit.analysis.embeddings import patch_filter_components, pos_embed_similarity
 
-torch.set_num_threads(1)
 TINY = {"embed_dim": 32, "depth": 3, "num_heads": 4, "img_size": 32, "patch_size": 8, "num_classes": 5}
 
 
@@ -277,6 +277,53 @@ def test_object_mass_on_a_synthetic_object():
             h.remove()
     assert inside["mass"] == pytest.approx(1.0, abs=1e-6) and inside["lift"] == pytest.approx(4.0, abs=1e-4)
     assert outside["mass"] == pytest.approx(0.0, abs=1e-6) and outside["share"] == pytest.approx(1 / 16)
+
+
+@pytest.mark.parametrize("method", ["rollout", "cls-attention", "grad-rollout"])
+def test_explain_equals_the_single_methods_in_one_forward(method):
+    m, x = tiny(sharp=3.0), images(n=2, h=32, w=48)
+    calls = []
+    handle = m.register_forward_hook(lambda mod, inp, out: calls.append(1))
+    try:
+        amap, logits, heads = explain(m, x, method, target=2 if method == "grad-rollout" else None,
+                                      head_fusion="max", discard_ratio=0.25)
+    finally:
+        handle.remove()
+    assert len(calls) == 1  # grad-rollout included: the head maps come from the same pass as the gradient
+    if method == "rollout":
+        want, want_logits = attention_rollout(m, x, "max", 0.25)
+    elif method == "cls-attention":
+        per_head, want_logits = cls_attention(m, x)
+        want = per_head.amax(dim=1)
+    else:
+        want, want_logits, target = grad_rollout(m, x, 2, discard_ratio=0.25)
+        assert target.tolist() == [2, 2]
+    assert amap.shape == (2, 4, 6) and torch.allclose(amap, want, atol=1e-6)
+    assert torch.allclose(logits, want_logits, atol=1e-5)
+    assert torch.allclose(heads, cls_attention(m, x)[0], atol=1e-6)
+
+
+# ---------------------------------------------------------------- figures
+def test_figures_leave_the_matplotlib_backend_alone(tmp_path):
+    import matplotlib
+    from PIL import Image
+
+    from vitkit.analysis.figures import distance_figure, overlay_figure
+    from vitkit.training.report import plot_curves
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # a backend that is not Agg, as a notebook's or a GUI's would be
+    try:
+        distance_figure(torch.rand(3, 4) * 20, tmp_path / "distance.png", "title", image_extent=32)
+        overlay_figure(torch.rand(3, 32, 32), torch.rand(4, 4), tmp_path / "overlay.png", "title", "caption")
+        plot_curves([{"epoch": e, "train_loss": 1.0 / e, "eval_loss": 1.2 / e, "eval_split": "val",
+                      "eval_top1": 50.0 + e} for e in (1, 2, 3)], tmp_path / "curves.png")
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    for name, size in (("distance", (700, 450)), ("overlay", (800, 450)), ("curves", (1000, 400))):
+        with Image.open(tmp_path / f"{name}.png") as im:
+            assert im.format == "PNG" and im.size == size
 
 
 # ---------------------------------------------------------------- embeddings

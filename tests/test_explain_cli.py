@@ -11,8 +11,6 @@ import vitkit
 from vitkit.analysis.inputs import sample_images
 from vitkit.cli.main import main
 
-torch.set_num_threads(1)
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
@@ -138,3 +136,18 @@ def test_explain_headless_model(files, capsys, tmp_path):
     rc = main(["explain", str(tmp_path / "headless.safetensors"), str(files / "photos/camera.png"),
                "--method", "grad-rollout", "--out", str(tmp_path / "g.png")])
     assert rc == 2 and "classification head" in capsys.readouterr().err
+
+
+def test_reports_are_library_calls(files, tmp_path):
+    from vitkit.analysis.report import analyze, explain_image
+
+    model = vitkit.load_model(files / "rgb.safetensors").eval()
+    photo = Image.fromarray(skimage.data.astronaut())
+    summary = analyze(model, [photo, photo.rotate(90)], tmp_path / "an", components=4, object_mass_threshold=0.3)
+    assert summary["images"] == 2 and summary["checkpoint"] is None and summary["filter_components"] == 4
+    assert json.loads((tmp_path / "an/summary.json").read_text()) == summary
+    assert png_size(summary["files"]["filters_png"]) == (480, 200)  # 4 components: one row of 4 tiles
+    info = explain_image(model, photo, tmp_path / "ex.png", method="grad-rollout", target=1, size=(32, 48))
+    assert info["grid"] == [4, 6] and info["target"] == 1 and len(info["top"]) == 5
+    r, c = info["peak_patch"]
+    assert 0 <= r < 4 and 0 <= c < 6 and png_size(info["heads_out"]) == (1000, 310)

@@ -3,6 +3,7 @@ trained for a few seconds on sklearn's digits (so that argmax agreement means so
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -100,3 +101,26 @@ def test_export_cli_writes_file_and_reports_parity(trained, tmp_path, capsys):
     assert out.is_file() and report["path"] == str(out) and report["max_abs_diff"] <= 1e-4
     assert OnnxRunner(out).class_names == [str(i) for i in range(10)]
     assert main(["export", str(tmp_path / "nope.safetensors"), "--onnx", str(out)]) == 2
+
+
+def test_quantize_keeps_the_callers_logging_disable_level(trained, tmp_path):
+    logging.disable(logging.INFO)  # a caller silencing INFO and below
+    try:
+        quantize_int8(trained[1], tmp_path / "quiet.int8.onnx")
+        assert logging.root.manager.disable == logging.INFO
+    finally:
+        logging.disable(logging.NOTSET)
+    quantize_int8(trained[1], tmp_path / "loud.int8.onnx")
+    assert logging.root.manager.disable == logging.NOTSET  # and nothing stays disabled when nothing was
+
+
+def test_export_cli_int8_reports_speedup_and_top1_change(trained, tmp_path, capsys):
+    ckpt = vitkit.save_model(trained[0], tmp_path / "pico.safetensors")
+    out = tmp_path / "q.onnx"
+    assert main(["export", str(ckpt), "--onnx", str(out), "--int8", "--eval-data", "digits", "--eval-limit", "150",
+                 "--json"]) == 0
+    q = json.loads(capsys.readouterr().out)["int8"]
+    assert q["path"] == str(tmp_path / "q.int8.onnx") and (tmp_path / "q.int8.onnx").is_file()
+    assert q["speedup_vs_fp32_onnx"] > 0 and q["accuracy"]["count"] == 150
+    top1 = q["accuracy"]["top1"]
+    assert top1["pytorch"] > 70 and q["top1_change_points"] == pytest.approx(top1["int8"] - top1["pytorch"])

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.cli.bench import timm_twin
+from vitkit.bench import infer_fn, timm_twin
 from vitkit.cli.main import main
-from vitkit.layers.attention import sdpa_is_slower
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +36,21 @@ def test_fp32_inference_equals_timm(pair, photo_batch):
 def test_bf16_paths_close_to_fp32_and_to_timm_bf16(pair, photo_batch):
     model, twin = pair
     x = photo_batch(224)
+    matmul_attention = []  # AttentionMap only runs on the matmul path (SDPA never forms the matrix)
+    hooks = [b.attn.attn_map.register_forward_hook(lambda m, i, o: matmul_attention.append(o.dtype))
+             for b in model.blocks]
+    try:
+        with torch.inference_mode():
+            ref = model(x)
+            assert matmul_attention == []  # fp32: fused SDPA
+            with torch.autocast("cpu", torch.bfloat16):
+                auto, twin_auto = model(x), twin(x)
+            assert matmul_attention == [torch.bfloat16] * len(model.blocks)  # bf16 on CPU: the matmul attention ran
+    finally:
+        for h in hooks:
+            h.remove()
     with torch.inference_mode():
-        ref = model(x)
-        with torch.autocast("cpu", torch.bfloat16):
-            auto, twin_auto = model(x), twin(x)
         weights = copy.deepcopy(model).to(torch.bfloat16)(x.to(torch.bfloat16))
-    assert sdpa_is_slower(torch.zeros(1, 3, 197, 64, dtype=torch.bfloat16))  # the matmul attention ran
     for out in (auto, weights):
         assert _cos(out, ref) > 0.995 and (out.float() - ref).abs().max() < 0.1 * ref.abs().max()
     assert _cos(auto, twin_auto) > 0.995
@@ -112,9 +121,24 @@ def test_compiled_model_equals_eager():
         assert (torch.compile(model)(x) - model(x)).abs().max() <= 1e-4
 
 
+def test_compile_backend_sets_inductor_freezing_for_its_compile_only():
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    model, x = vitkit.create_model("vit_pico_patch2_8").eval(), torch.randn(4, 1, 8, 8)
+    before = inductor_config.freezing
+    compiled = infer_fn(model, x, "fp32", "compile")()
+    assert inductor_config.freezing == before  # not left switched on for the rest of the process
+    with torch.inference_mode():
+        assert (compiled - model(x)).abs().max() <= 1e-4
+
+
 def test_bench_quick_json_runs_and_parses(capsys):
-    assert main(["bench", "--quick", "--threads", "1", "--json"]) == 0
+    threads = torch.get_num_threads()
+    assert main(["bench", "--quick", "--threads", str(threads + 1), "--json"]) == 0
+    assert torch.get_num_threads() == threads  # --threads holds for the run only
     report = json.loads(capsys.readouterr().out)
+    assert report["machine"]["threads"] == threads + 1
     assert set(report["matmul_peak_gflops"]) == {"fp32", "bf16"}
     assert report["machine"]["torch"] == torch.__version__ and report["date"]
     rows = report["rows"]
@@ -123,6 +147,15 @@ def test_bench_quick_json_runs_and_parses(capsys):
     for r in rows:
         assert r["img_per_s"] > 0 and r["gflops"] > 0
         assert (r["vs_timm"] is None) == (r["library"] == "timm")
+
+
+def test_bench_without_timm_names_the_extra_to_install(capsys, monkeypatch):
+    for name in [m for m in sys.modules if m == "timm" or m.startswith("timm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "timm", None)  # what `import timm` meets when timm is not installed
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'vitkit[bench]'" in err
 
 
 def test_onednn_linear_equals_f_linear_with_gradients():

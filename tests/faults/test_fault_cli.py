@@ -13,7 +13,6 @@ import vitkit
 from vitkit.cli.main import build_parser, main
 from vitkit.errors import ConfigError
 
-torch.set_num_threads(1)
 _VITKIT = Path(sys.executable).parent / "vitkit"
 CMD = [str(_VITKIT)] if _VITKIT.exists() else [sys.executable, "-m", "vitkit"]
 

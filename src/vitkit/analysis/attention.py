@@ -15,16 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..models import require
 
 FUSIONS = ("mean", "max", "min")
 METHODS = ("rollout", "cls-attention", "grad-rollout")
 
 
 def preprocess_of(model):
-    """The model's Preprocess (mean/std/size), or the default for its config when it was built bare."""
-    from ..models.config import default_preprocess
-
-    return getattr(model, "preprocess", None) or default_preprocess(model.cfg)
+    """The model's Preprocess (mean/std/size): every family declares it."""
+    return model.preprocess
 
 
 def grid_of(model, x: torch.Tensor) -> tuple[int, int]:
@@ -35,6 +34,7 @@ def grid_of(model, x: torch.Tensor) -> tuple[int, int]:
 @torch.no_grad()
 def attention_weights(model, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Logits [B, K] and per-block attention probabilities, each [B, H, T, T] (rows sum to one)."""
+    require(model, "attention_maps", "attention analysis")
     logits, attns = model(x, return_attn=True)
     return logits, attns
 
@@ -98,12 +98,17 @@ def token_map(model, joint: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor
     return row.reshape(*row.shape[:-1], *grid)
 
 
+def _rollout_map(model, attns: list[torch.Tensor], grid: tuple[int, int], head_fusion: str,
+                 discard_ratio: float) -> torch.Tensor:
+    """Rollout of per-block attentions [B, H, T, T] -> map [B, Gh, Gw] (the class column is never discarded)."""
+    keep = 0 if model.cls_token is not None else None
+    return token_map(model, rollout_matrix(attns, head_fusion, discard_ratio, keep), grid)
+
+
 def attention_rollout(model, x: torch.Tensor, head_fusion: str = "mean", discard_ratio: float = 0.0):
     """Rollout map [B, Gh, Gw] and logits [B, K] for images [B, C, H, W]."""
     logits, attns = attention_weights(model, x)
-    keep = 0 if model.cls_token is not None else None
-    joint = rollout_matrix(attns, head_fusion, discard_ratio, keep)
-    return token_map(model, joint, grid_of(model, x)), logits
+    return _rollout_map(model, attns, grid_of(model, x), head_fusion, discard_ratio), logits
 
 
 def cls_attention(model, x: torch.Tensor, layer: int = -1):
@@ -121,6 +126,13 @@ def grad_rollout(model, x: torch.Tensor, target: int | torch.Tensor | None = Non
     matrix then goes through the same identity + row-normalisation + product as plain rollout.
     Returns the map [B, Gh, Gw], the logits [B, K] and the target classes [B].
     """
+    logits, _, fused, target = _grad_weighted_attention(model, x, target)
+    return _rollout_map(model, fused, grid_of(model, x), "mean", discard_ratio), logits, target
+
+
+def _grad_weighted_attention(model, x: torch.Tensor, target):
+    """One forward and one gradient: logits [B, K], the attentions [B, H, T, T] per block, the same
+    weighted by the target logit's gradient and clamped at zero, and the targets [B] (all detached)."""
     x = x.detach().clone().requires_grad_(True)  # a graph even if every parameter is frozen
     with torch.enable_grad():
         logits, attns = model(x, return_attn=True)  # attns are the attn_map outputs (the probabilities)
@@ -135,26 +147,27 @@ def grad_rollout(model, x: torch.Tensor, target: int | torch.Tensor | None = Non
         # autograd.grad (not backward) leaves the parameters' .grad untouched
         grads = torch.autograd.grad(logits.gather(1, target[:, None]).sum(), attns)
     fused = [(g * a).clamp(min=0).detach() for g, a in zip(grads, attns)]  # [B, H, T, T] each
-    keep = 0 if model.cls_token is not None else None
-    joint = rollout_matrix(fused, "mean", discard_ratio, keep)
-    return token_map(model, joint, grid_of(model, x)), logits.detach(), target
+    return logits.detach(), [a.detach() for a in attns], fused, target
 
 
 def explain(model, x: torch.Tensor, method: str = "rollout", target: int | None = None,
             head_fusion: str = "mean", discard_ratio: float = 0.0):
-    """One entry point: map [B, Gh, Gw], logits [B, K], per-head last-block maps [B, H, Gh, Gw]."""
+    """One entry point: map [B, Gh, Gw], logits [B, K], per-head last-block maps [B, H, Gh, Gw].
+
+    One forward pass for every method (grad-rollout takes its gradient from that same pass)."""
     if method not in METHODS:
         raise ConfigError(f"method must be one of {METHODS}, got {method!r}")
-    logits, attns = attention_weights(model, x)
     grid = grid_of(model, x)
+    if method == "grad-rollout":
+        logits, attns, fused, _ = _grad_weighted_attention(model, x, target)
+        amap = _rollout_map(model, fused, grid, "mean", discard_ratio)
+    else:
+        logits, attns = attention_weights(model, x)
     heads = token_map(model, attns[-1], grid)
     if method == "rollout":
-        joint = rollout_matrix(attns, head_fusion, discard_ratio, 0 if model.cls_token is not None else None)
-        amap = token_map(model, joint, grid)
+        amap = _rollout_map(model, attns, grid, head_fusion, discard_ratio)
     elif method == "cls-attention":
         amap = fuse_heads(heads, head_fusion)
-    else:
-        amap, _, _ = grad_rollout(model, x, target, discard_ratio)
     return amap, logits, heads
 
 

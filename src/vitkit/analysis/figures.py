@@ -1,4 +1,7 @@
-"""The analysis figures, as PNG files (matplotlib, Agg backend; nothing is shown on screen).
+"""The analysis figures, as PNG files (nothing is shown on screen).
+
+Drawn with matplotlib's object API (a `Figure` on its own Agg canvas), never pyplot: the process's
+backend, and any figures a notebook or script has open, are left alone.
 
 Figures are saved at DPI 100 without tight bounding boxes, so a figure of W x H inches is exactly
 100W x 100H pixels. Every figure carries a title saying which model and which sample it came from.
@@ -15,13 +18,14 @@ import torch.nn.functional as F
 DPI = 100
 
 
-def _plt():
-    import matplotlib
+def _figure(figsize: tuple[float, float], layout: str = "constrained"):
+    """A Figure on its own Agg canvas, outside pyplot's figure manager."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=False)  # a no-op when a backend is already in use
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=figsize, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def model_label(model, checkpoint) -> str:
@@ -35,7 +39,6 @@ def _save(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, format="png")
-    _plt().close(fig)
     return path
 
 
@@ -72,9 +75,9 @@ def _show_overlay(ax, img: np.ndarray, amap, alpha: float = 0.5) -> None:
 
 def overlay_figure(image, amap, path, title: str, caption: str = "") -> Path:
     """Input image and the heat map over it, side by side: 8 x 4.5 inches (800 x 450 px)."""
-    plt = _plt()
     img = display_image(image)
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(8, 4.5), layout="constrained")
+    fig = _figure((8, 4.5))
+    a0, a1 = fig.subplots(1, 2)
     a0.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=1)
     a0.set_axis_off()
     a0.set_title("input", fontsize=9)
@@ -84,20 +87,19 @@ def overlay_figure(image, amap, path, title: str, caption: str = "") -> Path:
     return _save(fig, path)
 
 
-def _tile_grid(plt, n: int, cols: int, inches: float, title_inches: float):
-    """A rows x cols grid of square tiles for n images, plus room for the title."""
+def _tile_grid(n: int, cols: int, inches: float, title_inches: float):
+    """A rows x cols grid of square tiles for n images, plus room for the title: (figure, axes)."""
     cols = min(cols, n)
     rows = math.ceil(n / cols)
-    return plt.subplots(rows, cols, figsize=(inches * cols, inches * rows + title_inches), squeeze=False,
-                        layout="constrained")
+    fig = _figure((inches * cols, inches * rows + title_inches))
+    return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def head_grid_figure(image, head_maps, path, title: str, cols: int = 4) -> Path:
     """One overlay per head ([H, Gh, Gw]); 2.5 inches per column, 2.5 per row plus 0.6 for the titles."""
-    plt = _plt()
     img = display_image(image)
     n = len(head_maps)
-    fig, axes = _tile_grid(plt, n, cols, inches=2.5, title_inches=0.6)
+    fig, axes = _tile_grid(n, cols, inches=2.5, title_inches=0.6)
     for i, ax in enumerate(axes.flat):
         if i < n:
             _show_overlay(ax, img, head_maps[i], alpha=0.6)
@@ -111,10 +113,10 @@ def head_grid_figure(image, head_maps, path, title: str, cols: int = 4) -> Path:
 def distance_figure(distances, path, title: str, patch_size: int | None = None,
                     image_extent: float | None = None) -> Path:
     """Mean attention distance [L, H]: one dot per head at its layer (7 x 4.5 inches)."""
-    plt = _plt()
     d = np.asarray(torch.as_tensor(distances).cpu())
     L, H = d.shape
-    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    fig = _figure((7, 4.5))
+    ax = fig.subplots()
     layers = np.repeat(np.arange(1, L + 1), H)
     ax.scatter(layers, d.reshape(-1), s=22, alpha=0.8)
     if image_extent:
@@ -132,14 +134,14 @@ def distance_figure(distances, path, title: str, patch_size: int | None = None,
 def pos_similarity_figure(similarity, path, title: str) -> Path:
     """Grid of grids ([Gh, Gw, Gh, Gw]): tile (r, c) shows the cosine similarity of patch (r, c)'s
     position embedding with every patch's. One image with 1-pixel gaps (7 x 6.5 inches)."""
-    plt = _plt()
     s = np.asarray(torch.as_tensor(similarity).cpu(), dtype=np.float64)
     gh, gw = s.shape[:2]
     canvas = np.full((gh * (gh + 1) - 1, gw * (gw + 1) - 1), np.nan)
     for r in range(gh):
         for c in range(gw):
             canvas[r * (gh + 1): r * (gh + 1) + gh, c * (gw + 1): c * (gw + 1) + gw] = s[r, c]
-    fig, ax = plt.subplots(figsize=(7, 6.5), layout="constrained")
+    fig = _figure((7, 6.5))
+    ax = fig.subplots()
     im = ax.imshow(canvas, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     ax.set_xticks([(gw + 1) * c + gw / 2 - 0.5 for c in range(gw)], [str(c + 1) for c in range(gw)], fontsize=6)
     ax.set_yticks([(gh + 1) * r + gh / 2 - 0.5 for r in range(gh)], [str(r + 1) for r in range(gh)], fontsize=6)
@@ -153,10 +155,9 @@ def pos_similarity_figure(similarity, path, title: str) -> Path:
 def filter_components_figure(components, explained, path, title: str, cols: int = 7) -> Path:
     """Principal components [k, C, Ph, Pw] of the patch filters, each min-max normalised for display;
     1.2 inches per tile plus 0.8 for the title."""
-    plt = _plt()
     comps = np.asarray(torch.as_tensor(components).cpu(), dtype=np.float64)
     k = len(comps)
-    fig, axes = _tile_grid(plt, k, cols, inches=1.2, title_inches=0.8)
+    fig, axes = _tile_grid(k, cols, inches=1.2, title_inches=0.8)
     for i, ax in enumerate(axes.flat):
         ax.set_axis_off()
         if i >= k:

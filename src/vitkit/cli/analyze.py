@@ -3,12 +3,9 @@
 Writes into DIR: attention_distance.csv + attention_distance.png (mean attention distance per head
 per layer), pos_embed_similarity.png (learned position embeddings), patch_filters_pca.png (principal
 components of the patch filters), summary.json; with --object-mass, the rollout mass on the object.
+The work is done by vitkit.analysis.report.analyze; this module parses, calls it and prints.
 """
 from __future__ import annotations
-
-import csv
-import json
-from pathlib import Path
 
 from .common import add_json, emit, positive_int, print_table
 
@@ -35,84 +32,22 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from ..analysis.attention import object_mass
-    from ..analysis.distance import model_attention_distance
-    from ..analysis.embeddings import patch_filter_components, pos_embed_similarity
-    from ..analysis.figures import (
-        distance_figure,
-        filter_components_figure,
-        model_label,
-        pos_similarity_figure,
-    )
-    from ..analysis.inputs import prepare, sample_images
+    from ..analysis.figures import model_label
+    from ..analysis.inputs import sample_images
+    from ..analysis.report import analyze
     from ..api import load_model
 
     model = load_model(args.checkpoint).eval()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = model_label(model, args.checkpoint)
     images, sample = sample_images(args.data, args.samples, model.cfg.in_chans, args.seed)
-    xs, raws = zip(*(prepare(model, im) for im in images))
-    x, raw = torch.cat(xs), torch.stack(raws)  # [N, C, H, W] normalised / in [0, 1]
-    device = next(model.parameters()).device
-    files = {}
-
-    # mean attention distance per head per layer, averaged over images
-    per_image = torch.cat([model_attention_distance(model, x[i:i + args.batch_size].to(device)).cpu()
-                           for i in range(0, len(x), args.batch_size)])  # [N, L, H]
-    mad, spread = per_image.mean(0), per_image.std(0, unbiased=False)  # [L, H]
-    L, H = mad.shape
-    files["distance_csv"] = out / "attention_distance.csv"
-    with open(files["distance_csv"], "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["layer", "head", "mean_distance_px", "std_over_images_px"])
-        for layer in range(L):
-            for head in range(H):
-                w.writerow([layer + 1, head, f"{mad[layer, head]:.4f}", f"{spread[layer, head]:.4f}"])
-    side = max(x.shape[-2], x.shape[-1])
-    files["distance_png"] = distance_figure(
-        mad, out / "attention_distance.png",
-        f"{name}\nmean attention distance over {sample}", image_extent=side)
-
-    # position embeddings
-    sim = pos_embed_similarity(model)
-    pos_note = {"learn": "learned", "sincos": "fixed 2D sin-cos (not learned)"}.get(model.cfg.pos_embed)
-    if sim is not None:
-        files["pos_embed_png"] = pos_similarity_figure(
-            sim, out / "pos_embed_similarity.png",
-            f"{name}\nposition embedding similarity ({pos_note}; from the weights, no sample)")
-    else:
-        pos_note = "no position embedding: figure skipped"
-
-    # patch-embedding filters
-    comps, explained = patch_filter_components(model, args.components)
-    files["filters_png"] = filter_components_figure(
-        comps, explained, out / "patch_filters_pca.png",
-        f"{name}\nfirst {len(comps)} principal components of the patch-embedding filters (from the weights)")
-
-    summary = {
-        "checkpoint": str(args.checkpoint), "model": name, "sample": sample, "images": len(images),
-        "input_size": [int(x.shape[-2]), int(x.shape[-1])],
-        "mean_distance_px": [[round(float(v), 3) for v in row] for row in mad],
-        "per_layer_mean_px": [round(float(v), 3) for v in mad.mean(1)],
-        "pos_embed": pos_note,
-        "filter_variance_explained": round(float(explained.sum()), 4),
-    }
-    if args.object_mass is not None:
-        summary["object_mass"] = object_mass(model.to(device), raw, args.object_mass,
-                                             batch_size=args.batch_size) | {"threshold": args.object_mass}
-    summary["files"] = {k: str(v) for k, v in files.items()}
-    files["summary"] = out / "summary.json"
-    summary["files"]["summary"] = str(files["summary"])
-    files["summary"].write_text(json.dumps(summary, indent=2) + "\n")
+    summary = analyze(model, images, args.out, label=model_label(model, args.checkpoint), sample=sample,
+                      batch_size=args.batch_size, components=args.components,
+                      object_mass_threshold=args.object_mass, checkpoint=args.checkpoint)
 
     def render(d):
         rows = [("model", d["model"]), ("sample", d["sample"]),
                 ("distance by layer (px)", "  ".join(f"{v:.1f}" for v in d["per_layer_mean_px"])),
                 ("position embedding", d["pos_embed"]),
-                (f"filter PCs variance ({len(comps)})", f"{100 * d['filter_variance_explained']:.1f}%")]
+                (f"filter PCs variance ({d['filter_components']})", f"{100 * d['filter_variance_explained']:.1f}%")]
         if "object_mass" in d:
             om = d["object_mass"]
             rows.append(("rollout mass on object", (f"{om['mass']:.3f} vs share {om['share']:.3f} "

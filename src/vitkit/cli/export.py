@@ -1,8 +1,9 @@
 """`vitkit export CKPT --onnx OUT.onnx`: an ONNX Runtime model, checked against PyTorch on export.
 
 Dynamic batch by default; `--dynamic-size` also lets H and W vary (positions resampled bilinearly in the
-graph, see vitkit.export.onnx). `--int8` adds OUT.int8.onnx (dynamic quantisation) and, with
-`--eval-data`, prints its top-1 change beside its speed-up over the fp32 graph.
+graph, see vitkit.export.onnx). `--int8` adds OUT.int8.onnx (dynamic quantisation, measured by
+vitkit.bench.int8_report) and, with `--eval-data`, prints its top-1 change beside its speed-up over the
+fp32 graph.
 """
 from __future__ import annotations
 
@@ -28,25 +29,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from ..export.onnx import OnnxRunner, compare_top1, export_onnx, quantize_int8
     from ..api import load_model
+    from ..bench import int8_report
+    from ..export.onnx import export_onnx
 
     model = load_model(args.checkpoint).eval()
     out = export_onnx(model, args.onnx, dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,
                       opset=args.opset, tol=args.tol)
     out["checkpoint"] = str(args.checkpoint)
     if args.int8:
-        onnx_path = Path(args.onnx)
-        q_path = quantize_int8(onnx_path, onnx_path.with_suffix(".int8.onnx"))
-        out["int8"] = {"path": str(q_path), "speedup_vs_fp32_onnx": _speedup(OnnxRunner(onnx_path), OnnxRunner(q_path),
-                                                                              model.cfg)}
-        if args.eval_data:
-            loader = _eval_batches(model, args.eval_data, args.eval_limit)
-            acc = compare_top1({"pytorch": model, "onnx": OnnxRunner(onnx_path), "int8": OnnxRunner(q_path)}, loader)
-            out["int8"]["accuracy"] = acc
-            out["int8"]["top1_change_points"] = acc["top1"]["int8"] - acc["top1"]["pytorch"]
+        out["int8"] = int8_report(model, args.onnx, eval_data=args.eval_data, eval_limit=args.eval_limit)
 
     def render(d):
         rows = [("written", d["path"]), ("max |logit diff| vs PyTorch", f"{d['max_abs_diff']:.2e}"),
@@ -64,30 +56,3 @@ def run(args) -> int:
 
     emit(args, out, render)
     return 0
-
-
-def _speedup(fp32, int8, cfg, batch: int = 8, repeats: int = 7) -> float:
-    """Paired speed ratio fp32-time / int8-time on one random batch."""
-    import numpy as np
-
-    from .bench import paired_ratio, paired_times
-
-    x = np.random.default_rng(0).standard_normal((batch, cfg.in_chans, *cfg.img_size)).astype(np.float32)
-    t = paired_times({"fp32": lambda: fp32(x), "int8": lambda: int8(x)}, 2, repeats)
-    return paired_ratio(t["fp32"], t["int8"])
-
-
-def _eval_batches(model, spec: str, limit: int | None, batch_size: int = 256):
-    from torch.utils.data import DataLoader, Subset
-
-    from ..data.datasets import Transformed, load_data, map_labels
-    from ..data.transforms import eval_transform
-    from ..training.models import in_chans
-
-    data = load_data(spec, channels=in_chans(model))
-    if model.class_names:
-        map_labels(data, model.class_names)
-    ds = data.test or data.val or data.train
-    if limit and limit < len(ds):
-        ds = Subset(ds, range(limit))
-    return DataLoader(Transformed(ds, eval_transform(model.preprocess), deterministic=False), batch_size=batch_size)

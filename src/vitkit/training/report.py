@@ -1,4 +1,6 @@
-"""Run-folder figures and the human-readable report (matplotlib, Agg backend: no display needed)."""
+"""Run-folder figures and the human-readable report. Figures are drawn with matplotlib's object API
+(a bare `Figure`, saved to PNG through the Agg renderer; no pyplot), so no display is needed and the
+process's backend is left alone."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,19 +9,12 @@ from typing import Any
 import torch
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
-    plt = _plt()
+    from matplotlib.figure import Figure
+
     epochs = [h["epoch"] for h in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     ax1.plot(epochs, [h["train_loss"] for h in history], label="train loss")
     ax1.plot(epochs, [h["eval_loss"] for h in history], label=f"{history[-1]['eval_split']} loss")
     ax1.set_xlabel("epoch")
@@ -34,14 +29,15 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def plot_confusion(confusion: torch.Tensor, class_names: list[str], path: Path, title: str) -> None:
-    plt = _plt()
+    from matplotlib.figure import Figure
+
     k = len(class_names)
     size = min(4 + 0.5 * k, 20)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig = Figure(figsize=(size, size))
+    ax = fig.subplots()
     ax.imshow(confusion.numpy(), cmap="Blues")
     ax.set_xticks(range(k), class_names, rotation=90 if k > 10 or max(map(len, class_names)) > 3 else 0)
     ax.set_yticks(range(k), class_names)
@@ -56,7 +52,6 @@ def plot_confusion(confusion: torch.Tensor, class_names: list[str], path: Path, 
                 ax.text(j, i, str(v), ha="center", va="center", fontsize=8, color="white" if v > thresh else "black")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def write_report(run: Path, summary: dict[str, Any]) -> Path:

@@ -1,0 +1,433 @@
+"""vitkit against timm, side by side in one process, on this machine (the harness behind `vitkit bench`).
+
+Both libraries get the same architecture, the same weights and the same input. Every case is timed
+round-robin (A, B, C, then C, B, A, ...) after a warm-up, so a slow patch on a shared machine hits all
+variants alike; the ratio to timm is the median of the per-round ratios. GFLOP/s counts 2 x MACs
+(vitkit.analysis.cost; training = 3 x the forward), and "% peak" divides by the matmul rate measured in
+the same run for the same dtype (the faster of torch.mm and oneDNN for fp32).
+
+Nothing process-wide stays changed: the thread count is restored after the run, and torch.compile
+gets its inductor options per compile.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16-autocast", "bf16")  # bf16 = weights and inputs in bf16
+TRAIN_PRECISIONS = PRECISIONS[:2]
+BACKENDS = ("eager", "compile", "onnx", "onnx-int8")
+CLOCKS = ("wall", "cpu")
+# the small-image training configuration of the speed issue: 32x32, patch 4, 192 wide, 6 deep
+SMALL32 = {"img_size": 32, "patch_size": 4, "in_chans": 3, "num_classes": 10, "embed_dim": 192, "depth": 6,
+           "num_heads": 3}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to time. Model names are registered names, 'small32' or 'recipe:NAME'; an empty tuple skips
+    that part. `matmul_n` is the side of the square matmul that measures the peak (None: 8192 on a GPU,
+    2048 on a CPU)."""
+
+    models: tuple[str, ...] = ("vit_tiny_patch16_224", "vit_small_patch16_224")
+    batches: tuple[int, ...] = (1, 8, 32)
+    precisions: tuple[str, ...] = PRECISIONS
+    backends: tuple[str, ...] = ("eager", "compile")
+    train_models: tuple[str, ...] = ("small32", "recipe:fashion-mnist")
+    train_batch: int = 128
+    train_precisions: tuple[str, ...] = TRAIN_PRECISIONS
+    warmup: int = 2
+    repeats: int = 7
+    threads: int | None = None  # torch threads during the run (None: unchanged)
+    device: str = "cpu"
+    clock: str = "wall"  # or "cpu": process CPU time, steadier on a shared machine with threads=1
+    matmul_n: int | None = None
+
+    def __post_init__(self):
+        for name in ("models", "batches", "precisions", "backends", "train_models", "train_precisions"):
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        for name, allowed in (("precisions", PRECISIONS), ("backends", BACKENDS),
+                              ("train_precisions", TRAIN_PRECISIONS)):
+            bad = [v for v in getattr(self, name) if v not in allowed]
+            if bad:
+                raise ConfigError(f"bench {name}: {bad[0]!r} is not one of {', '.join(allowed)}")
+        if self.clock not in CLOCKS:
+            raise ConfigError(f"bench clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        counts = [*self.batches, self.train_batch, self.warmup, self.repeats, self.threads or 1, self.matmul_n or 1]
+        if any(int(v) < 1 for v in counts):
+            raise ConfigError("bench batch sizes, warm-up, repeats, threads and matmul size must be at least 1")
+
+    def quick(self) -> BenchOptions:
+        """A seconds-long smoke run: the pico model, few repeats (threads, device and clock kept)."""
+        return dataclasses.replace(
+            self, models=("vit_pico_patch2_8",), batches=(2,), precisions=("fp32", "bf16"), backends=("eager",),
+            train_models=("vit_pico_patch2_8",), train_batch=16, train_precisions=("fp32",), warmup=1,
+            repeats=3, matmul_n=1024)
+
+
+# ---------------------------------------------------------------------------- measuring
+def _clock(kind: str) -> Callable[[], float]:
+    return time.process_time if kind == "cpu" else time.perf_counter
+
+
+def paired_times(fns: dict[Any, Callable[[], Any]], warmup: int, repeats: int, clock: str = "wall",
+                 min_sample: float = 0.02) -> dict[Any, list[float]]:
+    """Seconds per call of each fn, measured round-robin; the order reverses every round.
+
+    A sample repeats a call that is faster than `min_sample` seconds (sized on the last warm-up call),
+    so that timer resolution and scheduler noise stay small against what is measured."""
+    now = _clock(clock)
+    names = list(fns)
+    calls = dict.fromkeys(names, 1)
+    for _ in range(warmup):
+        for name in names:
+            t0 = now()
+            fns[name]()
+            calls[name] = max(1, min(1000, int(min_sample / max(now() - t0, 1e-6))))
+    times: dict[Any, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            t0 = now()
+            for _ in range(calls[name]):
+                fns[name]()
+            times[name].append((now() - t0) / calls[name])
+    return times
+
+
+def paired_ratio(ref: list[float], other: list[float]) -> float:
+    """Median over rounds of ref_time / other_time: > 1 means `other` is faster."""
+    return statistics.median(r / o for r, o in zip(ref, other))
+
+
+def matmul_rates(n: int, repeats: int, clock: str = "wall", device: Any = "cpu") -> dict[str, float]:
+    """GFLOP/s of an n x n matmul: torch.mm in fp32 and bf16, and oneDNN's fp32 matmul (the kernel
+    vitkit's fp32 inference uses; on AMD CPUs torch.mm's MKL sgemm reaches about half of it)."""
+    import torch
+
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    fns = {"fp32 torch.mm": lambda: _sync(torch.mm(a, b)), "bf16 torch.mm": lambda: _sync(torch.mm(a16, b16))}
+    if a.device.type == "cpu" and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        fns["fp32 oneDNN"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+    with torch.no_grad():
+        times = paired_times(fns, 2, repeats, clock)
+    return {k: 2 * n**3 / statistics.median(t) / 1e9 for k, t in times.items()}
+
+
+def machine_info(device=None) -> dict[str, Any]:
+    """CPU model, cores, torch/python versions, torch threads, the GPU if `device` is one, and the
+    versions of timm and onnxruntime where installed."""
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    info = {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": platform.python_version()}
+    if device is not None and torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    for lib in ("timm", "onnxruntime"):
+        try:
+            info[lib] = __import__(lib).__version__
+        except ImportError:
+            pass
+    return info
+
+
+# ---------------------------------------------------------------------------- the two libraries
+def build_vitkit(name: str):
+    """A registered name, 'small32', or 'recipe:NAME' (the model a training recipe builds)."""
+    from .api import create_model
+
+    if name == "small32":
+        from .models.config import ViTConfig
+        from .models.vision_transformer import VisionTransformer
+
+        return VisionTransformer(ViTConfig(**SMALL32))
+    if name.startswith("recipe:"):
+        from .training.recipes import get_recipe
+
+        recipe = get_recipe(name.split(":", 1)[1])
+        return create_model(recipe.model, **recipe.model_args)
+    return create_model(name)
+
+
+def _timm_vit_class():
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError:
+        raise ConfigError("bench compares vitkit with timm, which is not installed: "
+                          "pip install 'vitkit[bench]'") from None
+    return VisionTransformer
+
+
+def timm_twin(model):
+    """timm's VisionTransformer with the same architecture, holding the same weights (timm key names)."""
+    timm_vit = _timm_vit_class()
+    c = model.cfg
+    if getattr(model, "family", None) != "vit":
+        raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares ViTs with timm's "
+                          f"VisionTransformer; a {getattr(model, 'family', type(model).__name__)} model has no twin")
+    if c.mlp_layer != "mlp" or c.global_pool == "map" or c.qk_norm or c.act != "gelu" or c.pos_embed == "none" or c.representation_size or c.distilled:
+        raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares plain ViTs with timm only")
+    twin = timm_vit(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
+                    embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio,
+                    qkv_bias=c.qkv_bias, init_values=c.init_values, class_token=c.class_token,
+                    global_pool=c.global_pool, fc_norm=c.fc_norm, no_embed_class=not c.prefix_pos,
+                    reg_tokens=c.num_reg_tokens, pre_norm=c.pre_norm, final_norm=c.final_norm)
+    twin.load_state_dict(model.state_dict())
+    twin.pos_embed.requires_grad_(model.pos_embed.requires_grad)  # a fixed sin-cos table stays fixed
+    return twin
+
+
+def gflop(model, batch: int) -> float:
+    """Forward GFLOP for a batch: 2 x MACs from the closed-form cost model."""
+    from .analysis.cost import model_cost
+
+    return 2 * model_cost(model.cfg, batch=batch).macs_total / 1e9
+
+
+def infer_fn(model, x, precision: str, backend: str, onnx_stem: Path | None = None) -> Callable[[], Any]:
+    """A no-argument callable running one inference batch in the given precision and backend; it returns
+    the output. The model is copied, never changed. ONNX backends export to `onnx_stem`.onnx (and
+    .int8.onnx) once and reuse the files."""
+    import torch
+
+    if backend.startswith("onnx"):
+        from .export.onnx import OnnxRunner, export_onnx, quantize_int8
+
+        if onnx_stem is None:
+            raise ConfigError(f"backend {backend} needs a folder for the exported model (onnx_stem)")
+        path = onnx_stem.with_suffix(".onnx")
+        if not path.exists():  # one export per model, reused across batch sizes
+            export_onnx(model, path)
+        if backend == "onnx-int8":
+            int8 = onnx_stem.with_suffix(".int8.onnx")
+            path = int8 if int8.exists() else quantize_int8(path, int8)
+        runner, xn = OnnxRunner(path), x.numpy()
+        return lambda: runner(xn)
+    model = copy.deepcopy(model).eval().to(x.device)
+    if precision == "bf16":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    if backend == "compile":
+        # freezing constant-folds the weights (inference only); set for this compile, not process-wide
+        model = torch.compile(model, options={"freezing": True})
+    autocast = precision == "bf16-autocast"
+
+    def call():
+        with torch.inference_mode(), torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            return _sync(model(x))
+
+    return call
+
+
+def train_fn(model, x, y, precision: str, backend: str, fused_adamw: bool) -> Callable[[], None]:
+    """A no-argument callable running one AdamW training step on a copy of the model."""
+    import torch
+    import torch.nn.functional as F
+
+    model = copy.deepcopy(model).train().to(x.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, **({"fused": True} if fused_adamw else {}))
+    net = torch.compile(model) if backend == "compile" else model
+    autocast = precision == "bf16-autocast"
+
+    def step():
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(loss)
+
+    return step
+
+
+def _sync(out):
+    """Wait for the GPU so that the clock measures the work, not its launch."""
+    import torch
+
+    if isinstance(out, torch.Tensor) and out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return out
+
+
+def int8_report(model, onnx_path: str | os.PathLike, eval_data: str | None = None, eval_limit: int | None = None,
+                batch: int = 8, repeats: int = 7) -> dict[str, Any]:
+    """Quantise an exported fp32 graph to ONNX_PATH.int8.onnx and measure it: its speed-up over the fp32
+    graph (paired timing of one random batch) and, with `eval_data`, the top-1 of PyTorch, ONNX fp32 and
+    int8 on that dataset's test split (at most `eval_limit` images)."""
+    import numpy as np
+
+    from .export.onnx import OnnxRunner, compare_top1, quantize_int8
+
+    onnx_path = Path(onnx_path)
+    q_path = quantize_int8(onnx_path, onnx_path.with_suffix(".int8.onnx"))
+    fp32, int8 = OnnxRunner(onnx_path), OnnxRunner(q_path)
+    x = np.random.default_rng(0).standard_normal((batch, model.cfg.in_chans, *model.cfg.img_size)).astype(np.float32)
+    t = paired_times({"fp32": lambda: fp32(x), "int8": lambda: int8(x)}, 2, repeats)
+    out: dict[str, Any] = {"path": str(q_path), "speedup_vs_fp32_onnx": paired_ratio(t["fp32"], t["int8"])}
+    if eval_data:
+        acc = compare_top1({"pytorch": model, "onnx": fp32, "int8": int8}, _eval_batches(model, eval_data, eval_limit))
+        out["accuracy"] = acc
+        out["top1_change_points"] = acc["top1"]["int8"] - acc["top1"]["pytorch"]
+    return out
+
+
+def _eval_batches(model, spec: str, limit: int | None, batch_size: int = 256):
+    from torch.utils.data import DataLoader, Subset
+
+    from .data.datasets import Transformed, load_data, map_labels
+    from .data.transforms import eval_transform
+
+    data = load_data(spec, channels=int(model.preprocess.input_size[0]))
+    if model.class_names:
+        map_labels(data, model.class_names)
+    ds = data.test or data.val or data.train
+    if limit and limit < len(ds):
+        ds = Subset(ds, range(limit))
+    return DataLoader(Transformed(ds, eval_transform(model.preprocess), deterministic=False), batch_size=batch_size)
+
+
+# ---------------------------------------------------------------------------- the run
+def run_benchmarks(opts: BenchOptions, command: str | None = None) -> dict[str, Any]:
+    """Time every case of `opts`; returns the report (machine, matmul peaks, one row per case).
+    `command` is recorded as given (the command line that asked for the run)."""
+    import torch
+
+    from .runtime import torch_threads
+
+    if opts.models or opts.train_models:
+        _timm_vit_class()  # fail before any timing
+    device = torch.device(opts.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("bench device cuda: no CUDA device is visible")
+    with torch_threads(opts.threads):
+        rates = matmul_rates(opts.matmul_n or (8192 if device.type == "cuda" else 2048), opts.repeats, opts.clock,
+                             device)
+        peaks = {"fp32": max(v for k, v in rates.items() if k.startswith("fp32")), "bf16": rates["bf16 torch.mm"]}
+        rows: list[dict[str, Any]] = []
+        torch.manual_seed(0)
+        with tempfile.TemporaryDirectory(prefix="vitkit-bench-") as tmp:
+            for name in opts.models:
+                rows += _infer_rows(name, opts, device, peaks, Path(tmp) / name)
+            for name in opts.train_models:
+                rows += _train_rows(name, opts, device, peaks)
+        machine = machine_info(device)
+    return {"command": command,
+            "options": dataclasses.asdict(opts),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": machine, "clock": opts.clock, "warmup": opts.warmup, "repeats": opts.repeats,
+            "matmul_peak_gflops": peaks, "matmul_gflops": rates, "rows": rows,
+            "notes": "training rows: vitkit uses AdamW(fused=True), timm the default AdamW; GFLOP = 2 x MACs, "
+                     "training counts 3 x forward"}
+
+
+def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> list[dict[str, Any]]:
+    import torch
+
+    vk = build_vitkit(name)
+    tm = timm_twin(vk)
+    C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
+    rows = []
+    for batch in opts.batches:
+        x = torch.randn(batch, C, H, W, device=device)
+        flops = gflop(vk, batch)
+        for precision in opts.precisions:
+            fns, refs = {}, {}
+            for backend in opts.backends:
+                if backend.startswith("onnx") and (precision != "fp32" or device.type != "cpu"):
+                    continue  # ONNX Runtime runs the fp32 graph on CPU (int8 is its own precision)
+                fns[("vitkit", backend)] = infer_fn(vk, x, precision, backend, onnx_stem)
+                if backend in ("eager", "compile"):
+                    fns[("timm", backend)] = infer_fn(tm, x, precision, backend, onnx_stem)
+                refs[("vitkit", backend)] = ("timm", backend if backend in ("eager", "compile") else "eager")
+            rows += _rows(name, "infer", batch, precision, fns, refs, flops, peaks, opts)
+    return rows
+
+
+def _train_rows(name, opts: BenchOptions, device, peaks) -> list[dict[str, Any]]:
+    import torch
+
+    vk = build_vitkit(name).train()
+    tm = timm_twin(vk).train()
+    C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
+    b = opts.train_batch
+    x = torch.randn(b, C, H, W, device=device)
+    y = torch.randint(0, max(vk.num_classes, 1), (b,), device=device)
+    flops = 3 * gflop(vk, b)  # forward + backward (~2x forward)
+    rows = []
+    for precision in opts.train_precisions:
+        fns = {("timm", "eager"): train_fn(tm, x, y, precision, "eager", fused_adamw=False),
+               ("vitkit", "eager"): train_fn(vk, x, y, precision, "eager", fused_adamw=True)}
+        if "compile" in opts.backends:
+            fns[("vitkit", "compile")] = train_fn(vk, x, y, precision, "compile", fused_adamw=True)
+        refs = {k: ("timm", "eager") for k in fns if k[0] == "vitkit"}
+        rows += _rows(name, "train", b, precision, fns, refs, flops, peaks, opts)
+    return rows
+
+
+def _rows(model, task, batch, precision, fns, refs, flops, peaks, opts: BenchOptions) -> list[dict[str, Any]]:
+    times = paired_times(fns, opts.warmup, opts.repeats, opts.clock)
+    out = []
+    for (lib, backend), ts in times.items():
+        sec = statistics.median(ts)
+        dtype_peak = peaks["bf16" if precision != "fp32" else "fp32"]
+        ref = refs.get((lib, backend))
+        out.append({
+            "model": model, "task": task, "batch": batch, "precision": "int8" if backend == "onnx-int8" else precision,
+            "backend": backend, "library": lib, "img_per_s": batch / sec, "ms": 1e3 * sec,
+            "gflops": flops / sec, "peak_frac": None if backend == "onnx-int8" else flops / sec / dtype_peak,
+            "vs_timm": paired_ratio(times[ref], ts) if ref else None, "vs_timm_ref": "/".join(ref) if ref else None,
+        })
+    return out
+
+
+# ---------------------------------------------------------------------------- output
+def markdown(report: dict[str, Any]) -> str:
+    """The report as the Markdown that BENCHMARKS.md quotes."""
+    m = report["machine"]
+    opts = " ".join(f"{k}={v}" for k, v in report["options"].items())
+    lines = [f"Command: `{report['command']}`  ", f"Options: {opts}  ", f"Date: {report['date']}  ",
+             (f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads), "
+              f"timm {m.get('timm', '-')}, onnxruntime {m.get('onnxruntime', '-')}"
+              + (f", GPU {m['gpu']}" if "gpu" in m else "") + "  "),
+             f"Clock: {report['clock']}; warm-up {report['warmup']}, median of {report['repeats']} round-robin repeats  ",
+             "Matmul rates (square, the best per dtype is the '% peak' reference): "
+             + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in report["matmul_gflops"].items()),
+             "", "| model | task | batch | precision | backend | library | img/s | GFLOP/s | % peak | vs timm |",
+             "|---|---|---:|---|---|---|---:|---:|---:|---|"]
+    for r in report["rows"]:
+        peak = "-" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%"
+        ratio = "-" if r["vs_timm"] is None else f"{r['vs_timm']:.2f}x ({r['vs_timm_ref']})"
+        lines.append(f"| {r['model']} | {r['task']} | {r['batch']} | {r['precision']} | {r['backend']} | "
+                     f"{r['library']} | {r['img_per_s']:.1f} | {r['gflops']:.0f} | {peak} | {ratio} |")
+    lines += ["", report["notes"], ""]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out: str | os.PathLike) -> tuple[Path, Path]:
+    """OUT.md (markdown) and OUT.json (the report as data)."""
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    md, js = out_path.with_suffix(".md"), out_path.with_suffix(".json")
+    md.write_text(markdown(report))
+    js.write_text(json.dumps(report, indent=2) + "\n")
+    return md, js
