@@ -1,4 +1,5 @@
 # Two commands: `make demo` and `make test`. Each sets up .venv from scratch when missing.
+# `make lint` (run by CI before the tests) uses the ruff that the `dev` extra installs into .venv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip

@@ -1,11 +1,19 @@
 """pretrained=True goes through huggingface_hub's cache: offline without the files is one clear error;
-offline with the files (hub cache layout) loads timm's weights."""
+offline with the files (hub cache layout) loads timm's weights; a hub that answers "no such repo/tag/file"
+gives a different error from a hub that cannot be reached.
+
+No hub is reachable from the tests. The server's answers are played by a local HTTP server on 127.0.0.1
+(HF_ENDPOINT points huggingface_hub at it), so the library's own request and error-mapping code runs."""
 from __future__ import annotations
 
+import http.server
 import os
+import socket
 import subprocess
 import sys
+import threading
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -14,20 +22,101 @@ import vitkit
 REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 
 
-def test_offline_empty_cache_is_a_clear_error(tmp_path):
-    """huggingface_hub reads HF_HUB_OFFLINE / HF_HUB_CACHE at import time: run in a fresh interpreter."""
+def _pretrained_in_fresh_python(tmp_path, **env_vars) -> tuple[str, str]:
+    """huggingface_hub reads HF_HUB_OFFLINE / HF_HUB_CACHE / HF_ENDPOINT at import time: run in a fresh
+    interpreter with an empty cache. Returns ('<ErrorClass>: <message>', stderr)."""
     cache = tmp_path / "hub-cache"
-    cache.mkdir()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "home"))
+    cache.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= dict(HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "home"), HF_HUB_DISABLE_TELEMETRY="1") | env_vars
     code = ("import vitkit\n"
             "try:\n    vitkit.create_model('vit_tiny_patch16_224', pretrained=True)\n"
-            "except vitkit.OfflineError as e:\n    print('OfflineError:', e)\n")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+            "except vitkit.VitkitError as e:\n    print(f'{type(e).__name__}: {e}')\n")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
                          check=False)
     assert res.returncode == 0, res.stderr
-    msg = res.stdout.strip()
+    return res.stdout.strip(), res.stderr
+
+
+def test_offline_empty_cache_is_a_clear_error(tmp_path):
+    msg, err = _pretrained_in_fresh_python(tmp_path, HF_HUB_OFFLINE="1")
     assert msg.startswith("OfflineError:") and "\n" not in msg
-    assert str(cache) in msg and "checkpoint_path" in msg and REPO in msg
+    assert str(tmp_path / "hub-cache") in msg and "checkpoint_path" in msg and REPO in msg
+    assert "HF_HUB_OFFLINE" in msg and "Retrying" not in err
+
+
+def test_unresponsive_hub_fails_after_one_request(tmp_path):
+    """A hub that accepts connections but never answers (a stalled network or proxy): OfflineError after one
+    attempt and its timeout, not after huggingface_hub's five retries with backoff. The listening socket
+    counts the attempts."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held = []
+
+    def accept_and_stall():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            held.append(conn)  # never answered
+
+    threading.Thread(target=accept_and_stall, daemon=True).start()
+    try:
+        msg, err = _pretrained_in_fresh_python(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{srv.getsockname()[1]}")
+    finally:
+        srv.close()
+        for conn in held:
+            conn.close()
+    assert msg.startswith("OfflineError:") and "\n" not in msg, msg
+    assert "not reachable" in msg and REPO in msg and "checkpoint_path" in msg
+    assert len(held) == 1 and "Retrying" not in err
+
+
+def test_refused_connection_is_offline(tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now: connection refused
+    msg, err = _pretrained_in_fresh_python(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}")
+    assert msg.startswith("OfflineError:") and "not reachable" in msg and REPO in msg
+    assert "Retrying" not in err
+
+
+class _HubSays404(http.server.BaseHTTPRequestHandler):
+    """Answers every request as the hub answers a missing repo/revision/file: 404 + X-Error-Code."""
+    error_code = ""
+
+    def _answer(self):
+        self.send_response(404)
+        if self.error_code:
+            self.send_header("X-Error-Code", self.error_code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("error_code", ["RepoNotFound", "RevisionNotFound", "EntryNotFound", ""])
+def test_hub_not_found_is_not_offline(tmp_path, error_code):
+    """The hub is reachable and says the repo (or tag, or file) does not exist: a CheckpointError naming the
+    repo, never the "not reachable / download it elsewhere" advice. huggingface_hub turns these answers into
+    RepositoryNotFoundError / RevisionNotFoundError / (Remote)EntryNotFoundError / a plain 404 HfHubHTTPError."""
+    handler = type("Handler", (_HubSays404,), {"error_code": error_code})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        msg, _ = _pretrained_in_fresh_python(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert msg.startswith("CheckpointError:") and "\n" not in msg, msg
+    assert REPO in msg and ("does not exist" in msg or "has no file" in msg) and "404" in msg
+    assert "not reachable" not in msg and "checkpoint_path" in msg
 
 
 def test_pretrained_from_local_hub_cache(tmp_path, monkeypatch, photo_batch, record_parity):

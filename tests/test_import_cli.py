@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vitkit
-from test_import_timm import BY_NAME, TINY, check, perturb, reference
+from test_import_timm import TINY, check, perturb, reference
 from vitkit.cli.main import main
 from vitkit.errors import CheckpointError
 from vitkit.weights.importers.jax_npz import to_jax_arrays
@@ -77,7 +77,7 @@ def test_missing_and_unexpected_keys_are_listed(tmp_path):
     sd["extra_adapter.weight"] = torch.zeros(3)
     save_file(sd, str(tmp_path / "w.safetensors"))
     with pytest.raises(CheckpointError) as e:
-        vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path / "w.safetensors", **BY_NAME)
+        vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path / "w.safetensors", **TINY)
     msg = str(e.value)
     assert "missing 4 key(s)" in msg and "blocks.1.attn.qkv.weight" in msg and "blocks.1.attn.proj.bias" in msg
     assert "unexpected 1 key(s): extra_adapter.weight" in msg
@@ -89,7 +89,7 @@ def test_head_count_from_source_must_match(tmp_path):
     ViTModel(ViTConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, intermediate_size=512,
                        image_size=32, patch_size=8)).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="checkpoint has 2 attention heads, the model 4"):
-        vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path, **dict(BY_NAME, depth=1, num_heads=4,
+        vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path, **dict(TINY, depth=1, num_heads=4,
                                                                                      num_classes=0))
 
 

@@ -13,7 +13,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import _load_weights, checkpoint_filter_fn
 
 import vitkit
-from test_import_timm import BY_NAME, TINY, TOL, check, perturb, reference
+from test_import_timm import TINY, TOL, check, perturb, reference
 from vitkit.weights.convert import to_vitkit
 from vitkit.weights.importers.jax_npz import export_npz, to_jax_arrays
 
@@ -43,7 +43,7 @@ def test_hf_vit_for_image_classification(tmp_path, photo_batch, record_parity):
     assert vk.preprocess.mean == (0.5, 0.5, 0.5) and vk.preprocess.interpolation == "bilinear"
     assert vk.preprocess.crop_pct == 1.0
     check(vk, x, ref, "HF ViTForImageClassification (load_model)", record_parity)
-    check(vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path, **dict(BY_NAME, num_classes=3),
+    check(vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path, **dict(TINY, num_classes=3),
                               norm_eps=1e-12), x, ref, "HF ViTForImageClassification (create_model)", record_parity)
 
 
@@ -75,7 +75,7 @@ def test_hf_deit_distilled(tmp_path, photo_batch, record_parity):
     assert vk.cfg.distilled and vk.provenance["imported_from"] == "hf-deit"
     assert vk.preprocess.crop_pct == 0.875 and vk.preprocess.interpolation == "bicubic"
     check(vk, x, ref, "HF DeiTForImageClassificationWithTeacher (load_model)", record_parity)
-    check(vitkit.create_model("deit_tiny_distilled_patch16_224", checkpoint_path=tmp_path, **BY_NAME, norm_eps=1e-12),
+    check(vitkit.create_model("deit_tiny_distilled_patch16_224", checkpoint_path=tmp_path, **TINY, norm_eps=1e-12),
           x, ref, "HF DeiT distilled (create_model)", record_parity)
 
 
@@ -95,7 +95,7 @@ def test_torchvision_vit(tmp_path, photo_batch, record_parity):
     vk = vitkit.load_model(path)
     assert vk.provenance["imported_from"] == "torchvision" and vk.preprocess.interpolation == "bilinear"
     check(vk, x, ref, "torchvision VisionTransformer (load_model)", record_parity)
-    check(vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=path, **BY_NAME), x, ref,
+    check(vitkit.create_model("vit_tiny_patch16_224", checkpoint_path=path, **TINY), x, ref,
           "torchvision VisionTransformer (create_model)", record_parity)
 
 
@@ -147,7 +147,7 @@ def test_openai_clip_visual(tmp_path, photo_batch, record_parity):
     wrapped = tmp_path / "epoch_1.pt"  # open_clip training checkpoint: DDP names inside 'state_dict'
     torch.save({"epoch": 1, "state_dict": {"module." + k: v for k, v in clip_sd.items()}}, wrapped)
     check(vitkit.create_model("vit_base_patch32_clip_quickgelu_224", checkpoint_path=wrapped,
-                              **dict(BY_NAME, num_classes=16)), x, ref, "OpenAI CLIP visual (create_model, DDP)",
+                              **dict(TINY, num_classes=16)), x, ref, "OpenAI CLIP visual (create_model, DDP)",
           record_parity)
 
 
@@ -184,7 +184,7 @@ def test_jax_npz(style, tmp_path, photo_batch, record_parity):
     extra = {"prefix_pos": False} if style == "big_vision_scan" else {}
     if "gap" in style:
         extra = {"fc_norm": False}
-    check(vitkit.create_model(name, checkpoint_path=path, **BY_NAME, act="gelu_tanh", **extra), x, ref,
+    check(vitkit.create_model(name, checkpoint_path=path, **TINY, act="gelu_tanh", **extra), x, ref,
           f"JAX npz {style} (create_model)", record_parity)
     # and back: vitkit's exporter writes the same layout
     out = export_npz(vk, tmp_path / "again.npz", style="vit_jax" if style == "vit_jax" else "big_vision",
@@ -229,7 +229,7 @@ def test_dinov2_hub_layout(registers, tmp_path, photo_batch, record_parity):
     assert vk.cfg.prefix_pos == (not registers) and vk.cfg.num_reg_tokens == (4 if registers else 0)
     check(vk, x, ref, f"DINOv2 hub chunked {'reg4' if registers else 'no reg'} (load_model)", record_parity)
     name = "vit_small_patch14_reg4_dinov2" if registers else "vit_small_patch14_dinov2"
-    by_name = {k: v for k, v in BY_NAME.items() if k != "num_classes"}
+    by_name = {k: v for k, v in TINY.items() if k != "num_classes"}
     check(vitkit.create_model(name, checkpoint_path=path, **by_name), x, ref,
           f"DINOv2 hub {'reg4' if registers else 'no reg'} (create_model)", record_parity)
 
@@ -252,11 +252,13 @@ def test_dino_v1_full_checkpoint(tmp_path, photo_batch, record_parity):
 
 
 def test_mae_pretrain_checkpoint(tmp_path, photo_batch, record_parity):
+    from test_sincos import mae_get_2d_sincos_pos_embed  # a transcription of MAE's util/pos_embed.py
     from vitkit.layers import sincos_2d_pos_embed
 
     peer = perturb(TimmViT(**dict(TINY, num_classes=0)))
+    mae_table = torch.from_numpy(mae_get_2d_sincos_pos_embed(128, (4, 4))).float()
     with torch.no_grad():  # MAE's fixed encoder table: 2-D sin-cos with a zero class row
-        peer.pos_embed.copy_(torch.cat([torch.zeros(1, 128), sincos_2d_pos_embed(128, (4, 4))])[None])
+        peer.pos_embed.copy_(torch.cat([torch.zeros(1, 128), mae_table])[None])
     Dd = 64  # decoder width
     sd = dict(peer.state_dict())
     sd |= {"mask_token": torch.zeros(1, 1, Dd), "decoder_embed.weight": torch.randn(Dd, 128),
@@ -269,6 +271,8 @@ def test_mae_pretrain_checkpoint(tmp_path, photo_batch, record_parity):
     vk = vitkit.load_model(tmp_path / "mae_pretrain_vit_tiny.pth")
     assert vk.provenance["imported_from"] == "mae" and vk.num_classes == 0
     check(vk, x, ref, "MAE pretraining checkpoint, encoder (load_model)", record_parity)
+    # the table vitkit generates for a sin-cos model (e.g. when it is resized) is the one MAE stored
+    torch.testing.assert_close(vk.pos_embed.detach()[0, 1:], sincos_2d_pos_embed(128, (4, 4)), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("registers", [False, True], ids=["Dinov2Model", "Dinov2WithRegistersModel"])

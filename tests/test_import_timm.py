@@ -12,8 +12,8 @@ from timm.models.vision_transformer import checkpoint_filter_fn
 
 import vitkit
 
+# one tiny architecture: timm's constructor and vitkit's create_model overrides take the same keywords
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 2, "num_classes": 10}
-BY_NAME = {"img_size": 32, "patch_size": 8, "embed_dim": 128, "depth": 2, "num_heads": 2, "num_classes": 10}
 TOL = 1e-4
 
 
@@ -65,7 +65,7 @@ def test_timm_parity(cfg, tmp_path, photo_batch, record_parity):
     x = photo_batch(32)
     ref = reference(peer, x)
     check(vitkit.load_model(path), x, ref, f"timm {cfg} (load_model)", record_parity)
-    check(vitkit.create_model(name, checkpoint_path=path, **BY_NAME, **extra), x, ref,
+    check(vitkit.create_model(name, checkpoint_path=path, **TINY, **extra), x, ref,
           f"timm {cfg} (create_model {name})", record_parity)
 
 
@@ -78,7 +78,7 @@ def test_timm_deit_distilled(tmp_path, photo_batch, record_parity):
     vk = vitkit.load_model(path)
     assert vk.cfg.distilled and vk.head_dist is not None
     check(vk, x, ref, "timm DeiT distilled (load_model)", record_parity)
-    check(vitkit.create_model("deit_tiny_distilled_patch16_224", checkpoint_path=path, **BY_NAME), x, ref,
+    check(vitkit.create_model("deit_tiny_distilled_patch16_224", checkpoint_path=path, **TINY), x, ref,
           "timm DeiT distilled (create_model)", record_parity)
 
 
@@ -99,7 +99,7 @@ def test_timm_clip_quickgelu(tmp_path, photo_batch, record_parity):
           record_parity)
     with torch.no_grad():  # and the comparison is sharp enough to see the activation
         assert (vitkit.load_model(bare).eval()(x) - ref[0]).abs().max() > 10 * TOL
-    check(vitkit.create_model("vit_base_patch32_clip_quickgelu_224", checkpoint_path=bare, **BY_NAME), x, ref,
+    check(vitkit.create_model("vit_base_patch32_clip_quickgelu_224", checkpoint_path=bare, **TINY), x, ref,
           "timm CLIP quickgelu (create_model)", record_parity)
 
 
@@ -120,6 +120,6 @@ def test_resolution_change_matches_timm_resample(kw, tmp_path, photo_batch, reco
     assert vk.patch_embed.grid_size == (7, 7)
     check(vk, x, ref, f"timm 384->224 resample {'+'.join(kw) or 'cls'} (load_model)", record_parity)
     name = "vit_small_patch14_reg4_dinov2" if kw else "vit_tiny_patch16_224"
-    by_name = dict(BY_NAME, patch_size=32, img_size=224)
+    by_name = dict(TINY, patch_size=32, img_size=224)
     check(vitkit.create_model(name, checkpoint_path=path, **by_name), x, ref,
           f"timm 384->224 resample {'+'.join(kw) or 'cls'} (create_model)", record_parity)

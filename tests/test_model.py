@@ -103,11 +103,15 @@ def test_resample_keeps_prefix_rows_and_is_identity_at_same_size():
 
 
 def test_sincos_table_layout():
+    """MAE's layout (tests/test_sincos.py checks the numbers): the first half encodes the column (w), so it
+    is constant down a column of the grid; the second half encodes the row (h), constant along a row."""
     t = sincos_2d_pos_embed(16, (3, 5))
     assert t.shape == (15, 16)
-    # first half encodes the row: constant along a row of the grid
-    rows = t[:, :8].reshape(3, 5, 8)
-    assert torch.allclose(rows[:, :1].expand(-1, 5, -1), rows)
+    cols, rows = t[:, :8].reshape(3, 5, 8), t[:, 8:].reshape(3, 5, 8)
+    assert torch.equal(cols, cols[:1].expand(3, -1, -1)) and not torch.equal(cols, cols[:, :1].expand(-1, 5, -1))
+    assert torch.equal(rows, rows[:, :1].expand(-1, 5, -1)) and not torch.equal(rows, rows[:1].expand(3, -1, -1))
+    # along the first row, the column half runs through sin/cos of the column index: sin(0 * w0) = 0, sin(1) ...
+    torch.testing.assert_close(cols[0, :, 0], torch.sin(torch.arange(5.0)))
     m = tiny(pos_embed="sincos")
     assert not m.pos_embed.requires_grad and torch.all(m.pos_embed[0, 0] == 0)
 
@@ -168,12 +172,14 @@ def test_grad_checkpointing_same_gradients():
         torch.testing.assert_close(a, p.grad, atol=1e-6, rtol=1e-5)
 
 
-def test_layer_ids_and_no_weight_decay():
+def test_layer_groups_and_no_weight_decay():
+    from vitkit.training.optim import group_ids
+
     m = tiny()
-    ids = {n: m.layer_id(n) for n, _ in m.named_parameters()}
+    ids = group_ids([n for n, _ in m.named_parameters()], m.group_matcher())  # from group_matcher, as timm: stem, one group per block (+ final norm), head
     assert ids["cls_token"] == 0 and ids["patch_embed.proj.weight"] == 0
     assert ids["blocks.0.attn.qkv.weight"] == 1 and ids["blocks.1.mlp.fc2.bias"] == 2
-    assert ids["head.weight"] == 3 and ids["norm.weight"] == 3
+    assert ids["norm.weight"] == 2 and ids["head.weight"] == 3
     assert {"pos_embed", "cls_token"} <= m.no_weight_decay()
 
 
@@ -188,10 +194,33 @@ def test_stochastic_depth_only_in_training():
 
 @pytest.mark.parametrize("scheme", ["timm", "jax", "moco", "zero_head"])
 def test_init_schemes(scheme):
+    """Each scheme's distribution, from what the scheme says (D = 64, qkv is [3D, D], fc1 [4D, D]):
+    timm: trunc-normal std .02; moco: uniform with xavier's bound for ONE of q/k/v, sqrt(6 / (D + D)), wider
+    than xavier over the fused matrix; jax: xavier over the fused matrix, zero head, lecun-normal patch filters."""
     m = tiny(weight_init=scheme)
     assert all(torch.isfinite(p).all() for p in m.parameters())
+    D = 64
+    qkv, fc1 = m.blocks[0].attn.qkv.weight.detach(), m.blocks[0].mlp.fc1.weight.detach()
+    xavier_fused, xavier_fc1, moco_qkv = (6 / (4 * D)) ** 0.5, (6 / (5 * D)) ** 0.5, (6 / (2 * D)) ** 0.5
+
+    def uniform_with_bound(w, bound):  # max |w| within 1% of the bound (thousands of samples), std bound/sqrt(3)
+        return 0.99 * bound <= w.abs().max() <= bound and abs(w.std() / (bound / 3**0.5) - 1) < 0.05
+
+    if scheme in ("timm", "zero_head"):
+        for w in (qkv, fc1):
+            assert abs(w.std() / 0.02 - 1) < 0.05 and w.abs().max() < 0.02 * 6
+    elif scheme == "moco":
+        assert uniform_with_bound(qkv, moco_qkv) and qkv.abs().max() > 1.3 * xavier_fused  # sqrt(2) wider
+        assert uniform_with_bound(fc1, xavier_fc1)
+    elif scheme == "jax":
+        assert uniform_with_bound(qkv, xavier_fused) and uniform_with_bound(fc1, xavier_fc1)
+        pe = m.patch_embed.proj.weight.detach()
+        assert abs(pe.std() / (1 / pe[0].numel()) ** 0.5 - 1) < 0.1  # lecun normal, fan_in = C*p*p
+        assert 0 < m.blocks[0].mlp.fc1.bias.abs().max() < 1e-5  # jax's normal(1e-6) MLP biases
     if scheme in ("jax", "zero_head"):
-        assert torch.all(m.head.weight == 0)
+        assert torch.all(m.head.weight == 0) and torch.all(m.head.bias == 0)
+    else:
+        assert m.head.weight.abs().max() > 0
 
 
 def test_save_load_roundtrip_keeps_config_and_metadata(tmp_path):

@@ -52,6 +52,7 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         eps: float = 1e-6,
+        mlp_layer: type[nn.Module] = Mlp,  # any (dim, hidden, act=, drop=) module: Mlp, SwiGLU, ...
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=eps)
@@ -59,7 +60,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act=act, drop=proj_drop)
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), act=act, drop=proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         # inference through torch's fused encoder-layer kernel where it computes the same thing
@@ -78,8 +79,10 @@ class Block(nn.Module):
 
     def _fastpath_applies(self, x: torch.Tensor) -> bool:
         """The fused kernel (the one nn.TransformerEncoderLayer uses) runs the whole block in one C++ call.
-        In bf16 it measured 1.07x faster than the module path at batch 1-32 and gives identical outputs;
-        in fp32 it was no faster, so fp32 stays on the module path. Only for inference without grad,
+        In bf16 it measured 1.07x faster than the module path at batch 1-32. Its outputs are close, not
+        identical: it rounds differently in bf16, and tests/test_fastpath.py checks only a max difference
+        <= 5% of the largest output and cosine similarity > 0.9999 against the module path (one block of a
+        tiny model). In fp32 it was no faster, so fp32 stays on the module path. Only for inference without grad,
         autocast or tracing, for the plain pre-norm block (exact GELU, biases, no qk-norm or LayerScale),
         and only when no hook waits on a submodule."""
         if x.dtype not in (torch.bfloat16, torch.float16) or self.training or torch.is_grad_enabled():
@@ -92,7 +95,7 @@ class Block(nn.Module):
         plain = (
             attn.fused and isinstance(attn.q_norm, nn.Identity)
             and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity)
-            and type(mlp.act) is nn.GELU and mlp.act.approximate == "none"
+            and type(mlp) is Mlp and type(mlp.act) is nn.GELU and mlp.act.approximate == "none"
             and self.norm1.eps == self.norm2.eps
             and all(lin.bias is not None for lin in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2))
         )

@@ -45,16 +45,29 @@ def resample_pos_embed(
     return torch.cat([prefix, grid], dim=1)
 
 
-def sincos_2d_pos_embed(dim: int, grid_size: tuple[int, int], temperature: float = 10000.0) -> torch.Tensor:
-    """MAE's fixed table: [Gh*Gw, D]; the first half of the channels encodes the row (h), the second the column (w)."""
+def sincos_2d_pos_embed(
+    dim: int, grid_size: tuple[int, int], temperature: float = 10000.0, *, w_first: bool = True
+) -> torch.Tensor:
+    """Fixed 2D sin-cos table, [Gh*Gw, D], rows in raster order (row-major over the (h, w) grid).
+
+    Channels are `[sin w, cos w, sin h, cos h]`, each D/4 wide, with frequencies
+    `omega_k = 1 / temperature ** (k / (D/4))`, k = 0 .. D/4-1. This is the table of MAE's
+    `get_2d_sincos_pos_embed` (its `meshgrid(grid_w, grid_h)` feeds the column to the first half),
+    and MoCo v3's. big_vision's `posemb_sincos_2d` has the same channel order but spaces the
+    frequencies as `k / (D/4 - 1)`; pass `temperature=T ** (q / (q - 1))` with q = D/4 to get it.
+
+    `w_first=False` gives the table older vitkit versions generated, `[sin h, cos h, sin w, cos w]`
+    (row first); models trained with it need it to be regenerated the same way.
+    """
     if dim % 4:
         raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
-    gh, gw = grid_size
+    gh, gw = grid_size  # ints, or symbolic sizes inside an ONNX export (int() would freeze them)
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float64) / (dim / 4.0))  # [D/4]
 
-    def encode(pos: torch.Tensor) -> torch.Tensor:  # [M] -> [M, D/2]
+    def encode(pos: torch.Tensor) -> torch.Tensor:  # [Gh, Gw] -> [Gh*Gw, D/2]
         out = pos.reshape(-1, 1) * omega.reshape(1, -1)
         return torch.cat([out.sin(), out.cos()], dim=1)
 
     hh, ww = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
-    return torch.cat([encode(hh), encode(ww)], dim=1).float()  # [Gh*Gw, D]
+    halves = [encode(ww), encode(hh)] if w_first else [encode(hh), encode(ww)]
+    return torch.cat(halves, dim=1).float()  # [Gh*Gw, D]

@@ -29,6 +29,8 @@ class Imported:
     layout: str
     hints: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields known from the source
     dropped: list[str] = field(default_factory=list)  # source keys that have no place in the encoder
+    preprocess: Any = None  # models.config.Preprocess the source states (mean/std/crop), if any
+    class_names: list[str] | None = None
 
 
 @dataclass
@@ -84,8 +86,13 @@ def unwrap(raw: dict[str, Any], prefer: str | None = None) -> StateDict:
 
 
 def strip_prefixes(sd: StateDict) -> StateDict:
-    """Remove wrapper prefixes (DDP `module.`, torch.compile `_orig_mod.`, DINO `backbone.`) shared by
-    the model's keys. A prefix is stripped when every patch-embedding-like key carries it."""
+    """Remove wrapper prefixes: DDP `module.`, torch.compile `_orig_mod.`, DINO `backbone.`, `model.`.
+
+    Each prefix in WRAPPER_PREFIXES is tried in turn, repeatedly, until none applies (so `module._orig_mod.`
+    goes too). A prefix is stripped when at least one key that carries it looks like a model key (its name
+    matches patch_embed|embeddings|conv1|conv_proj|blocks|embedding); `model.` additionally needs every key
+    to carry it. Keys without the prefix are kept as they are, except for `backbone.`, where they are
+    dropped (the DINO head lives outside the backbone)."""
     changed = True
     while changed:
         changed = False
@@ -128,6 +135,9 @@ def to_vitkit(raw: dict[str, Any], hf_config: dict | None = None, prefer: str | 
     lay = detect_layout(sd)
     out = lay.convert(sd, hf_config)
     out.layout = out.layout or lay.name
+    # importers may return what is not config under these two hint keys
+    out.preprocess = out.hints.pop("_preprocess", out.preprocess)
+    out.class_names = out.hints.pop("_class_names", out.class_names)
     return out
 
 
