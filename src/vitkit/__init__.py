@@ -1,11 +1,18 @@
 """vitkit: Vision Transformers you can build, import, train, look inside and ship."""
-from .errors import CheckpointError, ConfigError, DataError, ImageError, OfflineError, VitkitError
-from .models.config import Preprocess, ViTConfig
+from ._version import __version__  # a neutral module, so any layer may import the version
 from .api import create_model, load_model, load_weights, save_model
-from .models.registry import decode_variant, list_models, model_config
-from .models.vision_transformer import VisionTransformer
-
-__version__ = "0.1.0"
+from .errors import CheckpointError, ConfigError, DataError, ImageError, OfflineError, VitkitError
+from .models import (
+    Preprocess,
+    ResNet,
+    ResNetConfig,
+    VisionTransformer,
+    ViTConfig,
+    VitkitModel,
+    decode_variant,
+    list_models,
+    model_config,
+)
 
 __all__ = [
     "CheckpointError",
@@ -14,9 +21,12 @@ __all__ = [
     "ImageError",
     "OfflineError",
     "Preprocess",
+    "ResNet",
+    "ResNetConfig",
     "ViTConfig",
     "VisionTransformer",
     "VitkitError",
+    "VitkitModel",
     "__version__",
     "create_model",
     "decode_variant",

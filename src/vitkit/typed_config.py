@@ -22,3 +22,4 @@ class JsonConfig:
         if unknown and cls._strict:
             raise ConfigError(f"unknown {cls._what} field(s) {unknown}; known: {', '.join(sorted(known))}")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known})
+

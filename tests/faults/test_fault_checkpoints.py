@@ -19,12 +19,11 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 import vitkit
+from vitkit._files import atomic_path, atomic_write
 from vitkit.errors import CheckpointError, VitkitError
 from vitkit.layers import resample_pos_embed
-from vitkit._files import atomic_path, atomic_write
 from vitkit.weights.io import FORMAT_VERSION, META_PREFIX, read_any
 
-torch.set_num_threads(1)
 PICO = "vit_pico_patch2_8"  # 96 wide, depth 4, 1 channel, 8x8: 0.3M parameters
 
 

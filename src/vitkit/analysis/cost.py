@@ -48,11 +48,13 @@ from typing import Any
 
 import torch
 
+from ..api import load_model
 from ..errors import CheckpointError, ConfigError
-from ..models.config import ViTConfig
+from ..models import ViTConfig, decode_variant, get_entry, get_family
+from ..models.cost import MAC_PARTS, PARAM_PARTS, activation_elements, mac_counts, param_counts
+from ..weights.io import parse_vitkit_meta, read_safetensors_meta
 
-PARAM_PARTS = ("patch_embed", "attention", "mlp", "norms", "pos_prefix", "head")
-MAC_PARTS = ("patch_embed", "attn_proj", "attn_scores", "mlp", "head")
+__all__ = ["MAC_PARTS", "PARAM_PARTS", "CostReport", "activation_elements", "mac_counts", "model_cost", "param_counts"]
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 _TORCH_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _VARIANT = re.compile(r"\w+/\d+(?:@\d+)?")
@@ -103,26 +105,29 @@ def config_from_file(path: str | os.PathLike) -> tuple[ViTConfig, str]:
     other layouts are imported with `load_model` and read off the weights."""
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".safetensors":
-        from ..weights.io import parse_vitkit_meta, read_safetensors_meta
-
         vk = parse_vitkit_meta(read_safetensors_meta(path), path)
         if vk is not None:
             name = (vk.get("provenance") or {}).get("arch") or path.name
+            _need_closed_form(vk["family"], name)
             return ViTConfig.from_dict(vk["config"]), name
-    from ..api import load_model
-
     return load_model(path).cfg, path.name
+
+
+def _need_closed_form(family: str, what: str) -> None:
+    if get_family(family).cost is None:
+        raise ConfigError(f"{what}: the {family} family has no closed-form cost (it is computed for ViTs); "
+                          "count parameters with sum(p.numel() for p in model.parameters())")
 
 
 def resolve_config(spec: Any) -> tuple[ViTConfig, str]:
     """A model, a ViTConfig, a registered name, a big_vision variant ('B/16', 'S/14@518') or a checkpoint path."""
-    from ..models.registry import decode_variant, get_entry
-
     if isinstance(spec, ViTConfig):
         return spec, "config"
     cfg = getattr(spec, "cfg", None)
     if isinstance(cfg, ViTConfig):  # a VisionTransformer (its cfg follows set_input_size / reset_classifier)
         return cfg, (getattr(spec, "provenance", None) or {}).get("arch", type(spec).__name__)
+    if hasattr(spec, "family"):  # a model of another family
+        _need_closed_form(spec.family, type(spec).__name__)
     if not isinstance(spec, (str, os.PathLike)):
         raise ConfigError(f"cannot cost a {type(spec).__name__}; give a model, a ViTConfig, a name or a path")
     text = os.fspath(spec)
@@ -133,6 +138,7 @@ def resolve_config(spec: Any) -> tuple[ViTConfig, str]:
     if text.lower().endswith(_CHECKPOINT_SUFFIXES) or os.sep in text:
         raise CheckpointError(f"{text}: no such file or directory")
     entry = get_entry(text)
+    _need_closed_form(entry.family, entry.name)
     return entry.cfg, entry.name
 
 
@@ -144,73 +150,6 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"dtype must be one of fp32, bf16, fp16, got {dtype!r}")
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-
-
-# ---------------------------------------------------------------------------- the closed forms
-def param_counts(cfg: ViTConfig) -> dict[str, int]:
-    """Parameters by part (see the module docstring); matches the named parameters of VisionTransformer(cfg)."""
-    C, p, D, L = cfg.in_chans, cfg.patch_size, cfg.embed_dim, cfg.depth
-    Hm, Dh = int(D * cfg.mlp_ratio), D // cfg.num_heads
-    N, P = cfg.grid_size[0] * cfg.grid_size[1], cfg.num_prefix_tokens
-    layer_scale = D if cfg.init_values else 0
-    attn = 3 * D * D + (3 * D if cfg.qkv_bias else 0) + D * D + D + (4 * Dh if cfg.qk_norm else 0) + layer_scale
-    mlp = D * Hm + Hm + Hm * D + D + layer_scale
-    final_norms = 2 * D if cfg.final_norm else 0  # `norm` or `fc_norm`, never both
-    pos_rows = 0 if cfg.pos_embed == "none" else N + (P if cfg.prefix_pos else 0)
-    feat, K = cfg.representation_size or D, cfg.num_classes
-    head = (feat * K + K if K else 0) * (2 if cfg.distilled else 1)
-    if cfg.representation_size:
-        head += D * feat + feat
-    return {
-        "patch_embed": C * p * p * D + (D if cfg.patch_bias else 0),
-        "attention": L * attn,
-        "mlp": L * mlp,
-        "norms": L * 4 * D + (2 * D if cfg.pre_norm else 0) + final_norms,
-        "pos_prefix": pos_rows * D + P * D,
-        "head": head,
-    }
-
-
-def mac_counts(cfg: ViTConfig) -> dict[str, int]:
-    """Forward multiply-accumulates per image by part (matmuls and the patch conv only)."""
-    C, p, D, L = cfg.in_chans, cfg.patch_size, cfg.embed_dim, cfg.depth
-    Hm = int(D * cfg.mlp_ratio)
-    N = cfg.grid_size[0] * cfg.grid_size[1]
-    T = N + cfg.num_prefix_tokens
-    feat, K = cfg.representation_size or D, cfg.num_classes
-    return {
-        "patch_embed": N * C * p * p * D,
-        "attn_proj": L * T * 4 * D * D,  # qkv (3 D^2) + proj (D^2) per token
-        "attn_scores": L * 2 * T * T * D,  # QK^T and AV: T^2 * Dh per head each, times H heads
-        "mlp": L * 2 * T * D * Hm,
-        # DeiT distilled: pre_logits and a head for both the class and the distillation token
-        "head": (feat * K + (D * feat if cfg.representation_size else 0)) * (2 if cfg.distilled else 1),
-    }
-
-
-def activation_elements(cfg: ViTConfig, fused_attention: bool = True) -> int:
-    """Elements autograd saves for backward in one training forward of one image (formula in the docstring)."""
-    D, L, H = cfg.embed_dim, cfg.depth, cfg.num_heads
-    Hm = int(D * cfg.mlp_ratio)
-    T = cfg.grid_size[0] * cfg.grid_size[1] + cfg.num_prefix_tokens
-    block = 8 * T * D + 2 * T * Hm + 4 * T + (H * T if fused_attention else H * T * T)
-    if cfg.qk_norm:
-        # normalised q and k are new tensors (+ stats); the attention output then comes back in head-major
-        # layout, so the [B, T, D] input of proj is a copy
-        block += 3 * T * D + 4 * H * T
-    if cfg.init_values:
-        block += 2 * T * D  # LayerScale keeps the branch outputs
-    stem = cfg.in_chans * cfg.img_size[0] * cfg.img_size[1] + ((T * D + 2 * T) if cfg.pre_norm else 0)
-    token_norm = cfg.final_norm and not cfg.use_fc_norm
-    tail = T * D + 2 * T if token_norm else 0  # final norm: its input and stats
-    # what pooling leaves for the next layer: the class token is a view of all final tokens; amax keeps its
-    # input and output; a mean keeps nothing but its output is the next input
-    tail += {"token": T * D, "max": T * D + D, "avg": D}[cfg.global_pool]
-    if cfg.final_norm and cfg.use_fc_norm:
-        tail += D + 2  # fc_norm output and stats
-    if cfg.representation_size:
-        tail += cfg.representation_size * (2 if cfg.distilled else 1)  # tanh outputs
-    return stem + L * block + tail
 
 
 def model_cost(
@@ -249,6 +188,24 @@ def model_cost(
         activation_bytes=activation_elements(cfg, fused_attention) * batch * nbytes,
         weight_bytes=total * nbytes, train_state_bytes=total * 16, config=cfg.to_dict(),
     )
+
+
+def model_summary(name: str) -> dict[str, Any]:
+    """One row of `vitkit models`: family, group, size, parameters and GMACs (closed form for ViTs; other
+    families are built on the meta device to count parameters, and have no GMACs)."""
+    entry = get_entry(name)
+    cfg = entry.cfg
+    row: dict[str, Any] = {"name": name, "family": entry.family, "group": entry.group,
+                           "img_size": list(cfg.img_size), "num_classes": cfg.num_classes,
+                           "pretrained": sorted(entry.pretrained), "notes": entry.notes}
+    if get_family(entry.family).cost is None:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in entry.build().parameters())
+        return row | {"params": params, "params_m": round(params / 1e6, 2), "gmacs": None}
+    r = model_cost(name)
+    return row | {"params": r.params_total, "params_m": round(r.params_total / 1e6, 2),
+                  "gmacs": round(r.gmacs_per_image, 2), "patch_size": cfg.patch_size, "embed_dim": cfg.embed_dim,
+                  "depth": cfg.depth, "num_heads": cfg.num_heads, "tokens": r.tokens}
 
 
 def format_bytes(n: float) -> str:

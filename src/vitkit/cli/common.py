@@ -60,12 +60,12 @@ def img_size(text: str) -> int | tuple[int, int]:
 
 
 def load_backend(checkpoint: str, backend: str = "torch"):
-    """A model to run: any checkpoint through PyTorch (ViT or ResNet baseline), or an exported .onnx file
+    """A model to run: any checkpoint of any family through PyTorch, or an exported .onnx file
     through ONNX Runtime (same call interface, preprocessing and class names from its metadata)."""
     if backend == "onnx":
         from ..export.onnx import OnnxRunner
 
         return OnnxRunner(checkpoint)
-    from ..training.models import load_any
+    from ..api import load_model
 
-    return load_any(checkpoint)
+    return load_model(checkpoint)

@@ -23,16 +23,18 @@ def run(args) -> int:
     info = {
         "out": str(out),
         "layout": model.provenance.get("imported_from"),
+        "family": model.family,
         "params": sum(p.numel() for p in model.parameters()),
         "config": cfg.to_dict(),
     }
 
     def render(d):
-        print_table(f"converted {args.src}", ["field", "value"], [
-            ("layout", d["layout"]), ("params", f"{d['params']:,}"),
-            ("width/depth/heads", f"{cfg.embed_dim}/{cfg.depth}/{cfg.num_heads}"),
-            ("patch / img", f"{cfg.patch_size} / {cfg.img_size[0]}x{cfg.img_size[1]}"),
-            ("classes", cfg.num_classes), ("written", d["out"])])
+        rows = [("layout", d["layout"]), ("family", d["family"]), ("params", f"{d['params']:,}")]
+        if d["family"] == "vit":
+            rows += [("width/depth/heads", f"{cfg.embed_dim}/{cfg.depth}/{cfg.num_heads}"),
+                     ("patch", cfg.patch_size)]
+        rows += [("img", f"{cfg.img_size[0]}x{cfg.img_size[1]}"), ("classes", cfg.num_classes), ("written", d["out"])]
+        print_table(f"converted {args.src}", ["field", "value"], rows)
 
     emit(args, info, render)
     return 0

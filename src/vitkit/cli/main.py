@@ -22,7 +22,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     parser = OneLineParser(prog="vitkit", description="Vision Transformers: build, import, train, "
                                      "inspect and ship.")

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import VitkitError
-from ..models.config import Preprocess, ViTConfig
+from ..models import Preprocess, get_family
 
 META_KEY = "vitkit"
 
@@ -34,8 +34,24 @@ class ExportError(VitkitError):
     """The exported graph could not be produced, or disagrees with the PyTorch model."""
 
 
+def _import_onnx(*names: str) -> list:
+    """The ONNX packages (the `onnx` extra), or one ExportError naming the install command."""
+    import importlib
+
+    mods = []
+    for name in names:
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            raise ExportError(f"ONNX export and --backend onnx need {name.split('.')[0]}, which is not installed: "
+                              "pip install 'vitkit[onnx]'") from None
+    return mods
+
+
 class _AnySizeViT(nn.Module):
-    """The model with its position table resampled inside the graph, so H and W can stay symbolic.
+    """The model with its position table made for the input's grid inside the graph, so H and W stay
+    symbolic: a learned table is resampled bilinearly, a sin-cos table regenerated, and the result goes in
+    through the model's public `pos=` argument (the model's own forward runs; nothing is re-implemented).
 
     (`resample_pos_embed` turns sizes into Python ints, which would freeze them at export.)
     """
@@ -46,15 +62,18 @@ class _AnySizeViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.model
-        grid = m.patch_embed(x)  # [B, gh, gw, D]
         pos = m.pos_embed
         if pos is not None:
-            n_prefix, (oh, ow) = m._pos_prefix, m.patch_embed.grid_size
-            table = pos[:, n_prefix:].reshape(1, oh, ow, -1).permute(0, 3, 1, 2)  # [1, D, oh, ow]
-            table = F.interpolate(table, size=grid.shape[1:3], mode="bilinear", align_corners=False)
-            pos = torch.cat([pos[:, :n_prefix], table.permute(0, 2, 3, 1).flatten(1, 2)], dim=1)  # [1, P+N, D]
-        tokens = m.norm_pre(m._pos_embed(grid, pos=pos))
-        return m.forward_head(m.norm(m.blocks(tokens)))
+            (ph, pw), n_prefix, (oh, ow) = m.patch_embed.patch_size, m._pos_prefix, m.patch_embed.grid_size
+            grid = (x.shape[-2] // ph, x.shape[-1] // pw)
+            if m.cfg.is_sincos:
+                table = m._sincos_table(grid)  # [1, N, D]
+            else:
+                table = pos[:, n_prefix:].reshape(1, oh, ow, -1).permute(0, 3, 1, 2)  # [1, D, oh, ow]
+                table = F.interpolate(table, size=grid, mode="bilinear", align_corners=False)
+                table = table.permute(0, 2, 3, 1).flatten(1, 2)  # [1, N, D]
+            pos = torch.cat([pos[:, :n_prefix], table], dim=1)  # [1, P+N, D]
+        return m(x, pos=pos)
 
 
 def export_onnx(
@@ -71,12 +90,14 @@ def export_onnx(
     Returns {"path", "max_abs_diff", "checked_shapes", "dynamic_batch", "dynamic_size", "opset"};
     raises ExportError when the largest logit difference exceeds `tol`.
     """
+    _import_onnx("onnx", "onnxscript", "onnxruntime")  # torch.onnx's dynamo exporter, then the parity run
     net = copy.deepcopy(model).float().eval()  # the caller's model keeps its dtype and mode
-    cfg: ViTConfig = net.cfg
-    if dynamic_size:
+    cfg = net.cfg
+    has_pos = "pos_resample" in getattr(net, "capabilities", ())  # a position table to size for each input
+    if dynamic_size and has_pos:
         net.cfg = cfg.replace(pos_interpolation="bilinear", pos_antialias=False)  # what the graph computes
-    graph = _AnySizeViT(net).eval() if dynamic_size else net
-    C, (H, W), p = cfg.in_chans, cfg.img_size, cfg.patch_size
+    graph = _AnySizeViT(net).eval() if dynamic_size and has_pos else net
+    C, (H, W), p = cfg.in_chans, cfg.img_size, getattr(cfg, "patch_size", 1)  # sizes: multiples of the patch
     gen = torch.Generator().manual_seed(0)
     example = torch.randn(2, C, H, W, generator=gen)
     dims: dict[int, Any] = {}
@@ -94,8 +115,9 @@ def export_onnx(
         )
     except Exception as e:  # noqa: BLE001 - the exporter raises many kinds; keep the first line
         raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    meta = {"config": cfg.to_dict() | ({"pos_interpolation": "bilinear", "pos_antialias": False} if dynamic_size else {}),
-            "preprocess": _preprocess(model).to_dict(), "class_names": getattr(model, "class_names", None),
+    bilinear = {"pos_interpolation": "bilinear", "pos_antialias": False} if dynamic_size and has_pos else {}
+    meta = {"family": model.family, "config": cfg.to_dict() | bilinear,
+            "preprocess": model.preprocess.to_dict(), "class_names": getattr(model, "class_names", None),
             "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size}
     program.model.metadata_props[META_KEY] = json.dumps(meta)
     program.save(path)
@@ -117,12 +139,6 @@ def export_onnx(
             "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size, "opset": opset}
 
 
-def _preprocess(model: nn.Module) -> Preprocess:
-    from ..models.config import default_preprocess
-
-    return getattr(model, "preprocess", None) or default_preprocess(model.cfg)
-
-
 class OnnxRunner:
     """An exported vitkit model in ONNX Runtime, usable where predict/eval expect a model.
 
@@ -133,7 +149,7 @@ class OnnxRunner:
     training = False
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None):
-        import onnxruntime as ort
+        (ort,) = _import_onnx("onnxruntime")
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -148,7 +164,8 @@ class OnnxRunner:
         raw = self.session.get_modelmeta().custom_metadata_map.get(META_KEY)
         meta = json.loads(raw) if raw else {}
         self.meta = meta
-        self.cfg = ViTConfig.from_dict(meta["config"]) if "config" in meta else None
+        family = get_family(meta.get("family", "vit"))  # files from before the family key hold ViTs
+        self.cfg = family.config.from_dict(meta["config"]) if "config" in meta else None
         self.preprocess = Preprocess.from_dict(meta["preprocess"]) if meta.get("preprocess") else None
         self.class_names = meta.get("class_names")
         out_shape = self.session.get_outputs()[0].shape
@@ -176,16 +193,17 @@ class OnnxRunner:
 def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Dynamic int8 quantisation (weights int8 per channel, activations quantised on the fly) of the
     matmuls; the metadata travels with it."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    onnx, ort_quant = _import_onnx("onnx", "onnxruntime.quantization")
+    QuantType, quantize_dynamic = ort_quant.QuantType, ort_quant.quantize_dynamic
 
     src, dst = Path(src), Path(dst)
-    logging.disable(logging.WARNING)  # it advises a pre-processing pass on every call
+    previous = logging.root.manager.disable  # the caller's level: put back as it was, not to NOTSET
+    logging.disable(max(previous, logging.WARNING))  # it advises a pre-processing pass on every call
     try:
         quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True,
                          op_types_to_quantize=["MatMul", "Gemm"])
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(previous)
     meta = {p.key: p.value for p in onnx.load(src, load_external_data=False).metadata_props}
     if meta:
         q = onnx.load(dst)

@@ -71,6 +71,8 @@ def make_act(name: str) -> nn.Module:
 
 
 class Mlp(nn.Module):
+    """fc1 -> act -> fc2 (the ViT paper's MLP)."""
+
     def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
         super().__init__()
         self.fc1 = Linear(dim, hidden, bias=bias)
@@ -81,3 +83,44 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class SwiGLU(nn.Module):
+    """SiLU(x W_g) * (x W_x), then fc2 (Shazeer 2020); timm's `SwiGLU` key names (fc1_g, fc1_x, fc2).
+    `hidden` is the width of each of the two branches. `act` is ignored: the gate is SiLU by definition."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.fc1_g = Linear(dim, hidden, bias=bias)
+        self.fc1_x = Linear(dim, hidden, bias=bias)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = Linear(hidden, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.fc1_g(x)) * self.fc1_x(x)  # [..., hidden]
+        return self.drop2(self.fc2(self.drop1(x)))
+
+
+class SwiGLUPacked(nn.Module):
+    """SwiGLU with both branches in one fc1 of width `hidden` (gate = first half), fc2 from hidden/2:
+    the layout of timm's `SwiGLUPacked` (DINOv2 giant)."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
+        super().__init__()
+        if hidden % 2:
+            raise ConfigError(f"a packed SwiGLU needs an even hidden width, got {hidden}")
+        self.fc1 = Linear(dim, hidden, bias=bias)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = Linear(hidden // 2, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, x = self.fc1(x).chunk(2, dim=-1)  # 2 x [..., hidden/2]
+        return self.drop2(self.fc2(self.drop1(self.act(gate) * x)))
+
+
+# MLP layers by the name a config stores (ViTConfig.mlp_layer); each takes (dim, hidden, act, drop, bias)
+MLP_LAYERS: dict[str, type[nn.Module]] = {"mlp": Mlp, "swiglu": SwiGLU, "swiglu_packed": SwiGLUPacked}

@@ -50,3 +50,22 @@ class PatchEmbed(nn.Module):
         x = self.proj(x)  # [B, D, Gh, Gw]
         x = x.permute(0, 2, 3, 1)  # [B, Gh, Gw, D]
         return self.norm(x)
+
+
+def adapt_in_chans(w: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """[D, C, p, p] patch filters -> [D, in_chans, p, p] so the response to a gray image is preserved."""
+    c = w.shape[1]
+    if c == in_chans:
+        return w
+    if in_chans == 1:
+        return w.sum(dim=1, keepdim=True)
+    if c == 1:
+        return w.repeat(1, in_chans, 1, 1) / in_chans
+    reps = -(-in_chans // c)  # ceil
+    return w.repeat(1, reps, 1, 1)[:, :in_chans] * (c / in_chans)
+
+
+# Patch-embedding layers by the name a config stores (ViTConfig.embed_layer). Each maps [B, C, H, W] to a
+# [B, Gh, Gw, D] grid and has `grid_size`, `num_patches`, `grid_for(h, w)` and `set_img_size(size)`;
+# a hybrid CNN stem is registered here under its own name.
+EMBED_LAYERS: dict[str, type[nn.Module]] = {"patch": PatchEmbed}

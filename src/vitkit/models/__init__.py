@@ -1,5 +1,27 @@
-from .config import Preprocess, ViTConfig
-from .registry import list_models
+"""Model families behind one registry. Importing this package registers every family and its names."""
+from . import resnet, vit_variants  # noqa: F401  (registers the families)
+from .config import ModelConfig, Preprocess, ViTConfig
+from .protocol import VitkitModel, require
+from .registry import FAMILIES, get_entry, get_family, list_models, model_config, register_family, register_model
+from .resnet import ResNet, ResNetConfig
 from .vision_transformer import VisionTransformer
+from .vit_variants import decode_variant
 
-__all__ = ["Preprocess", "ViTConfig", "VisionTransformer", "list_models"]
+__all__ = [
+    "FAMILIES",
+    "ModelConfig",
+    "Preprocess",
+    "ResNet",
+    "ResNetConfig",
+    "ViTConfig",
+    "VisionTransformer",
+    "VitkitModel",
+    "decode_variant",
+    "get_entry",
+    "get_family",
+    "list_models",
+    "model_config",
+    "register_family",
+    "register_model",
+    "require",
+]

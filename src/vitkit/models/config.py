@@ -2,20 +2,34 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
 from ..typed_config import JsonConfig
 
-POOLS = ("token", "avg", "max")
-POS_EMBEDS = ("learn", "sincos", "none")
+POOLS = ("token", "avg", "max", "map")  # map: attention pooling with a learned query (SigLIP)
+# sincos: fixed 2D table, column (w) encoding first as MAE and big_vision; sincos_hw: vitkit's first
+# checkpoints (format 1), which put the row first; both are regenerated for a new grid, never stretched
+POS_EMBEDS = ("learn", "sincos", "sincos_hw", "none")
 ACTS = ("gelu", "gelu_tanh", "quick_gelu")
 INITS = ("jax", "timm", "moco", "zero_head")
 
 
+class ModelConfig(JsonConfig):
+    """What every family's config has: `img_size`, `in_chans`, `num_classes` fields and a validated `replace`."""
+
+    def replace(self, **overrides: Any):
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown model option(s) {unknown} for a {self._what}; valid options: "
+                              f"{', '.join(sorted(known))}")
+        return dataclasses.replace(self, **overrides)  # __post_init__ validates the result
+
+
 @dataclass
-class ViTConfig(JsonConfig):
+class ViTConfig(ModelConfig):
     _what = "ViT config"
 
     img_size: tuple[int, int] = (224, 224)
@@ -32,17 +46,21 @@ class ViTConfig(JsonConfig):
     class_token: bool = True
     distilled: bool = False  # DeiT distillation token + second head
     num_reg_tokens: int = 0  # "registers" (Darcet et al.)
-    pos_embed: str = "learn"  # learn | sincos (fixed 2D) | none
+    pos_embed: str = "learn"  # learn | sincos (fixed 2D) | sincos_hw (legacy order) | none
     # Position-embedding layout: do the prefix tokens (class, distillation, registers) get a row of the
     # position table? True: concatenate prefix tokens, then add positions (ViT, DeiT, timm default).
     # False: add positions to patches only, then concatenate (DeiT III, big_vision, DINOv2 with registers).
     prefix_pos: bool = True
-    global_pool: str = "token"  # token | avg | max
+    global_pool: str = "token"  # token | avg | max | map
     fc_norm: bool | None = None  # norm after pooling instead of before; None = True for avg/max pooling
     final_norm: bool = True
     pre_norm: bool = False  # LayerNorm before the blocks (CLIP's ln_pre)
     patch_bias: bool = True  # CLIP's patch conv has no bias
     act: str = "gelu"
+    # layers by name (layers.EMBED_LAYERS / MLP_LAYERS): the hybrid CNN stem is another embed layer
+    embed_layer: str = "patch"
+    mlp_layer: str = "mlp"  # mlp (fc1-act-fc2) | swiglu | swiglu_packed
+    mask_token: bool = False  # a learned token that replaces masked patches (DINOv2 / iBOT)
     norm_eps: float = 1e-6
     representation_size: int | None = None  # pre-logits Linear+tanh (original i21k checkpoints)
     drop_rate: float = 0.0  # before the head
@@ -66,6 +84,10 @@ class ViTConfig(JsonConfig):
             if not cond:
                 raise ConfigError(msg)
 
+        from ..layers import EMBED_LAYERS, MLP_LAYERS
+
+        need(self.embed_layer in EMBED_LAYERS, f"embed_layer must be one of {sorted(EMBED_LAYERS)}, got {self.embed_layer!r}")
+        need(self.mlp_layer in MLP_LAYERS, f"mlp_layer must be one of {sorted(MLP_LAYERS)}, got {self.mlp_layer!r}")
         need(self.global_pool in POOLS, f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         need(self.pos_embed in POS_EMBEDS, f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
         need(self.act in ACTS, f"act must be one of {ACTS}, got {self.act!r}")
@@ -82,7 +104,11 @@ class ViTConfig(JsonConfig):
         need(not (self.global_pool == "token" and not self.class_token),
              "global_pool='token' needs a class token; use global_pool='avg' or class_token=True")
         need(not (self.distilled and not self.class_token), "a distilled model needs a class token")
-        need(not (self.pos_embed == "sincos" and self.embed_dim % 4), "sincos position embedding needs embed_dim % 4 == 0")
+        need(not (self.is_sincos and self.embed_dim % 4), "sincos position embedding needs embed_dim % 4 == 0")
+
+    @property
+    def is_sincos(self) -> bool:
+        return self.pos_embed in ("sincos", "sincos_hw")
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -95,13 +121,6 @@ class ViTConfig(JsonConfig):
     @property
     def grid_size(self) -> tuple[int, int]:
         return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
-
-    def replace(self, **overrides: Any) -> ViTConfig:
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"unknown model option(s) {unknown}; valid options: {', '.join(sorted(known))}")
-        return dataclasses.replace(self, **overrides)
 
 
 @dataclass
@@ -116,14 +135,22 @@ class Preprocess(JsonConfig):
     crop_pct: float = 0.9
     input_size: tuple[int, int, int] = (3, 224, 224)
 
+    def for_channels(self, c: int) -> Preprocess:
+        """The same preprocessing for a `c`-channel input: mean/std averaged when the count changes
+        (3-channel statistics for a gray model, or the reverse)."""
+        mean, std = self.mean, self.std
+        if len(mean) != c:
+            mean, std = (sum(mean) / len(mean),) * c, (sum(std) / len(std),) * c
+        return dataclasses.replace(self, mean=tuple(mean), std=tuple(std), input_size=(c, *self.input_size[1:]))
+
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 INCEPTION_MEAN, INCEPTION_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
-def default_preprocess(cfg: ViTConfig, mean=IMAGENET_MEAN, std=IMAGENET_STD, **kw) -> Preprocess:
-    if cfg.in_chans != len(mean):
-        mean, std = (sum(mean) / len(mean),) * cfg.in_chans, (sum(std) / len(std),) * cfg.in_chans
-    return Preprocess(mean=tuple(mean), std=tuple(std), input_size=(cfg.in_chans, *cfg.img_size), **kw)
+def default_preprocess(cfg, mean=IMAGENET_MEAN, std=IMAGENET_STD, **kw) -> Preprocess:
+    """ImageNet statistics (or the given ones) at the config's input size and channel count."""
+    pre = Preprocess(mean=tuple(mean), std=tuple(std), input_size=(cfg.in_chans, *cfg.img_size), **kw)
+    return pre.for_channels(cfg.in_chans)
 

@@ -1,71 +1,109 @@
-"""torchvision ResNet baselines with a stem for small images (3x3 stride-1 conv, no max-pool), so a user
-can compare a CNN and a ViT on the same data, pipeline and budget.
+"""The `resnet` family: torchvision's ResNets as same-pipeline CNN baselines, with the model protocol.
 
-Saved as vitkit safetensors too: config {"arch": "resnet18", ...} in the same metadata fields.
+A subclass of torchvision's ResNet, so state-dict keys are torchvision's (`conv1`, `layer1.0.conv1`, `fc`).
+`small_stem` replaces the 7x7/2 conv and max-pool with a 3x3/1 conv (the CIFAR stem) for 28-32 px images.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torchvision.models import resnet as tv_resnet
 
-from ..errors import CheckpointError, ConfigError
-from .config import Preprocess
+from ..errors import ConfigError
+from .config import ModelConfig, Preprocess
+from .registry import register_family, register_model
 
-RESNETS = ("resnet18", "resnet34", "resnet50")
-
-
-def is_resnet(name: str | None) -> bool:
-    return bool(name) and name.split(".")[0] in RESNETS
-
-
-def create_resnet(name: str, num_classes: int = 10, in_chans: int = 1, img_size: int | tuple = 28,
-                  small_stem: bool = True, mean=(0.5,), std=(0.5,)) -> nn.Module:
-    import torchvision
-
-    if name not in RESNETS:
-        raise ConfigError(f"unknown ResNet {name!r}; known: {', '.join(RESNETS)}")
-    model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
-    if small_stem:  # 28x28 or 32x32 inputs: keep resolution in the stem (the CIFAR ResNet stem)
-        model.conv1 = nn.Conv2d(in_chans, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        model.maxpool = nn.Identity()
-    elif in_chans != 3:
-        model.conv1 = nn.Conv2d(in_chans, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    if len(mean) != in_chans:
-        mean, std = (sum(mean) / len(mean),) * in_chans, (sum(std) / len(std),) * in_chans
-    model.arch_config = {"arch": name, "num_classes": num_classes, "in_chans": in_chans, "img_size": list(size),
-                         "small_stem": small_stem}
-    model.num_classes = num_classes
-    model.preprocess = Preprocess(tuple(mean), tuple(std), "bilinear", 1.0, (in_chans, *size))
-    model.class_names = None
-    model.provenance = {"arch": name}
-    model.no_weight_decay = lambda: set()
-    return model
+# arch -> (block, layers per stage)
+ARCHS = {
+    "resnet18": (tv_resnet.BasicBlock, (2, 2, 2, 2)),
+    "resnet34": (tv_resnet.BasicBlock, (3, 4, 6, 3)),
+    "resnet50": (tv_resnet.Bottleneck, (3, 4, 6, 3)),
+}
 
 
-def save_resnet(model: nn.Module, path: str | os.PathLike, class_names: list[str] | None = None,
-                provenance: dict[str, Any] | None = None) -> Path:
-    from ..weights.io import save_checkpoint
+@dataclass
+class ResNetConfig(ModelConfig):
+    _what = "ResNet config"
 
-    names = class_names if class_names is not None else model.class_names
-    prov = dict(model.provenance) | dict(provenance or {})
-    prov.setdefault("params", sum(p.numel() for p in model.parameters()))
-    return save_checkpoint(path, model.state_dict(), model.arch_config, model.preprocess.to_dict(), names, prov)
+    arch: str = "resnet18"
+    num_classes: int = 10
+    in_chans: int = 3
+    img_size: tuple[int, int] = (32, 32)  # the size it is trained and evaluated at (any size runs)
+    small_stem: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.img_size, int):
+            self.img_size = (self.img_size, self.img_size)
+        self.img_size = (int(self.img_size[0]), int(self.img_size[1]))
+        if self.arch not in ARCHS:
+            raise ConfigError(f"unknown ResNet {self.arch!r}; known: {', '.join(ARCHS)}")
+        if self.num_classes < 0 or self.in_chans < 1:
+            raise ConfigError("num_classes must be >= 0 and in_chans >= 1")
 
 
-def load_resnet(sd: dict[str, torch.Tensor], vk: dict[str, Any], path: str | os.PathLike) -> nn.Module:
-    cfg = dict(vk["config"])
-    pre = Preprocess.from_dict(vk["preprocess"] or {})
-    model = create_resnet(cfg["arch"], cfg["num_classes"], cfg["in_chans"], tuple(cfg["img_size"]),
-                          cfg.get("small_stem", True), pre.mean, pre.std)
-    try:
-        model.load_state_dict(sd)
-    except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not fit {cfg['arch']}: {str(e).splitlines()[0]}") from None
-    model.class_names = vk.get("class_names") or None
-    model.provenance = vk.get("provenance") or {}
-    return model
+class ResNet(tv_resnet.ResNet):
+    head_names = ("fc",)
+    capabilities = frozenset()  # no attention maps, no position table, no closed-form cost
+    fits_data = True  # a conv net runs at any size: from scratch it is built at the data's size and channels
+
+    def __init__(self, cfg: ResNetConfig | None = None, *, preprocess: Preprocess | None = None,
+                 class_names=None, provenance=None, **overrides):
+        cfg = (cfg or ResNetConfig()).replace(**overrides) if overrides else (cfg or ResNetConfig())
+        block, layers = ARCHS[cfg.arch]
+        super().__init__(block, list(layers), num_classes=max(cfg.num_classes, 1))
+        self.cfg = cfg
+        if cfg.small_stem:  # 28x28 or 32x32 inputs: keep resolution in the stem
+            self.conv1 = nn.Conv2d(cfg.in_chans, 64, kernel_size=3, stride=1, padding=1, bias=False)
+            self.maxpool = nn.Identity()
+        elif cfg.in_chans != 3:
+            self.conv1 = nn.Conv2d(cfg.in_chans, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.num_features = self.fc.in_features
+        self.num_classes = cfg.num_classes
+        if not cfg.num_classes:
+            self.fc = nn.Identity()
+        pre = preprocess or Preprocess((0.5,), (0.5,), "bilinear", 1.0)
+        self.preprocess = dataclasses.replace(pre, input_size=(cfg.in_chans, *cfg.img_size)).for_channels(cfg.in_chans)
+        self.class_names = list(class_names) if class_names else None
+        self.provenance = dict(provenance or {"arch": cfg.arch})
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] -> the last stage's feature map [B, F, H/s, W/s]."""
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        feats = torch.flatten(self.avgpool(x), 1)  # [B, F]
+        return feats if pre_logits else self.fc(feats)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def no_weight_decay(self) -> set[str]:
+        return set()  # norms and biases are excluded by the optimiser already
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Stem, then one group per residual block (per stage when coarse); `fc` is the last group."""
+        return {"stem": r"^conv1|^bn1|^maxpool",
+                "blocks": r"^layer(\d+)" if coarse else r"^layer(\d+)\.(\d+)"}
+
+    def get_classifier(self) -> nn.Module:
+        return self.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if global_pool not in (None, "avg"):
+            raise ConfigError("a ResNet pools by average only")
+        self.num_classes = num_classes
+        self.cfg = self.cfg.replace(num_classes=num_classes)
+        self.fc = nn.Linear(self.num_features, num_classes, device=self.conv1.weight.device) if num_classes else nn.Identity()
+        if self.class_names is not None and len(self.class_names) != num_classes:
+            self.class_names = None
+
+
+register_family("resnet", ResNetConfig, ResNet)
+for _arch in ARCHS:
+    register_model(_arch, "resnet", ResNetConfig(arch=_arch), group="cnn-baseline", mean=(0.5,), std=(0.5,),
+                   crop_pct=1.0, interpolation="bilinear",
+                   notes="torchvision ResNet with a 3x3 stride-1 stem (no max-pool) for small images")

@@ -6,24 +6,47 @@ Token layout: [class] [distillation] [registers...] [patches in row-major order]
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
-import re
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..errors import ConfigError
-from ..layers import Block, PatchEmbed, resample_pos_embed, sincos_2d_pos_embed
-from ..layers.patch_embed import to_2tuple
-from .config import ViTConfig
+from ..errors import CheckpointError, ConfigError
+from ..layers import (
+    EMBED_LAYERS,
+    MLP_LAYERS,
+    AttentionPoolLatent,
+    Block,
+    layer_name,
+    resample_pos_embed,
+    sincos_2d_pos_embed,
+)
+from ..layers.patch_embed import adapt_in_chans, to_2tuple
+from .config import ViTConfig, default_preprocess
+
+log = logging.getLogger("vitkit")
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, cfg: ViTConfig | None = None, **kwargs):
+    """The `vit` family. Layers can be handed in by name or class (`embed_layer`, `mlp_layer`, as timm and
+    DINOv2 do); the config stores the names, so a checkpoint rebuilds the same model."""
+
+    head_names = ("head", "head_dist")  # classifier modules (re-initialised for new classes, own LR)
+    capabilities = frozenset({"attention_maps", "pos_resample", "intermediates", "token_seam"})
+
+    def __init__(self, cfg: ViTConfig | None = None, *, embed_layer=None, mlp_layer=None, preprocess=None,
+                 class_names=None, provenance=None, **kwargs):
         super().__init__()
-        cfg = (cfg or ViTConfig()).replace(**kwargs) if kwargs else (cfg or ViTConfig())
+        cfg = cfg or ViTConfig()
+        if embed_layer is not None:
+            kwargs["embed_layer"] = layer_name("embed", embed_layer)
+        if mlp_layer is not None:
+            kwargs["mlp_layer"] = layer_name("mlp", mlp_layer)
+        cfg = cfg.replace(**kwargs) if kwargs else cfg
         self.cfg = cfg
         D = cfg.embed_dim
         self.num_classes = cfg.num_classes
@@ -31,12 +54,18 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = cfg.num_prefix_tokens
         self.grad_checkpointing = False
         self.distilled_training = False  # DeiT: return (cls_logits, dist_logits) in train mode
+        # what a checkpoint carries besides weights (torchvision's weight metadata)
+        self.preprocess = preprocess or default_preprocess(cfg)
+        self.class_names = list(class_names) if class_names else None
+        self.provenance = dict(provenance or {})
 
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D, bias=cfg.patch_bias)
+        self.patch_embed = EMBED_LAYERS[cfg.embed_layer](cfg.img_size, cfg.patch_size, cfg.in_chans, D,
+                                                         bias=cfg.patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.num_reg_tokens, D)) if cfg.num_reg_tokens else None
-        n_pos = self.patch_embed.num_patches + (self.num_prefix_tokens if cfg.prefix_pos else 0)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.mask_token else None
+        n_pos = self.patch_embed.num_patches + self._pos_prefix
         if cfg.pos_embed == "none":
             self.pos_embed = None
         else:
@@ -45,13 +74,16 @@ class VisionTransformer(nn.Module):
         self.norm_pre = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
 
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # deeper blocks drop more
+        mlp_cls = MLP_LAYERS[cfg.mlp_layer]
         self.blocks = nn.Sequential(*[
             Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.qk_norm, cfg.init_values, cfg.act,
-                  cfg.proj_drop_rate, cfg.attn_drop_rate, dpr[i], cfg.norm_eps)
+                  cfg.proj_drop_rate, cfg.attn_drop_rate, dpr[i], cfg.norm_eps, mlp_layer=mlp_cls)
             for i in range(cfg.depth)
         ])
         use_fc_norm = cfg.use_fc_norm
         self.norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.final_norm and not use_fc_norm else nn.Identity()
+        self.attn_pool = (AttentionPoolLatent(D, cfg.num_heads, cfg.mlp_ratio, cfg.act, cfg.norm_eps, cfg.qkv_bias)
+                          if cfg.global_pool == "map" else None)
         self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.final_norm and use_fc_norm else nn.Identity()
         if cfg.representation_size:
             self.pre_logits = nn.Sequential()
@@ -72,15 +104,13 @@ class VisionTransformer(nn.Module):
         """Named init schemes: `timm` (trunc-normal .02), `jax` (xavier/lecun, zero head),
         `moco` (xavier with qkv split), `zero_head` (timm + zero head; good for fine-tuning)."""
         if self.pos_embed is not None:
-            if self.cfg.pos_embed == "sincos":
-                table = sincos_2d_pos_embed(self.embed_dim, self.patch_embed.grid_size)
-                if self.cfg.prefix_pos and self.num_prefix_tokens:
-                    table = torch.cat([torch.zeros(self.num_prefix_tokens, self.embed_dim), table])
+            if self.cfg.is_sincos:
                 with torch.no_grad():
-                    self.pos_embed.copy_(table[None])
+                    self.pos_embed.zero_()  # prefix rows (prefix_pos) stay zero
+                    self.pos_embed[:, self._pos_prefix:] = self._sincos_table(self.patch_embed.grid_size)
             else:
                 nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for tok in (self.cls_token, self.dist_token, self.reg_token):
+        for tok in (self.cls_token, self.dist_token, self.reg_token, self.mask_token):
             if tok is not None:
                 nn.init.normal_(tok, std=1e-6 if scheme == "jax" else 0.02)
         for name, m in self.named_modules():
@@ -119,22 +149,16 @@ class VisionTransformer(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that should not be weight-decayed (besides norms and biases)."""
-        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "attn_pool.latent"}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        """timm-style grouping: the stem (embeddings) and one group per block, for layer-wise LR decay."""
+        """timm-style grouping: the stem (embeddings) and one group per block (the final norm joins the last
+        block, `(99999,)`); unmatched names (pooling, heads) form the last group. Drives layer-wise LR decay."""
         return {
-            "stem": r"^cls_token|^pos_embed|^patch_embed|^reg_token|^dist_token|^norm_pre",
+            "stem": r"^cls_token|^pos_embed|^patch_embed|^reg_token|^dist_token|^mask_token|^norm_pre",
             "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         }
-
-    def layer_id(self, param_name: str) -> int:
-        """0 for embeddings, i+1 for block i, depth+1 for final norm and heads (layer-wise LR decay)."""
-        if re.match(self.group_matcher()["stem"], param_name):
-            return 0
-        m = re.match(r"^blocks\.(\d+)\.", param_name)
-        return int(m.group(1)) + 1 if m else len(self.blocks) + 1
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -151,12 +175,14 @@ class VisionTransformer(nn.Module):
         if global_pool is not None:
             if global_pool == "token" and self.cls_token is None:
                 raise ConfigError("this model has no class token; use global_pool='avg' or 'max'")
-            if global_pool not in ("token", "avg", "max"):
-                raise ConfigError(f"unknown pooling {global_pool!r}")
+            if global_pool not in ("token", "avg", "max") and global_pool != self.cfg.global_pool:
+                raise ConfigError(f"cannot switch pooling to {global_pool!r}; choose token, avg or max")
             self.cfg = self.cfg.replace(global_pool=global_pool)
+            if global_pool != "map":
+                self.attn_pool = None
         self.num_classes = num_classes
         self.cfg = self.cfg.replace(num_classes=num_classes)
-        device = self.pos_embed.device if self.pos_embed is not None else None
+        device = self.patch_embed.proj.weight.device
 
         def new_head():
             if not num_classes:
@@ -169,67 +195,141 @@ class VisionTransformer(nn.Module):
         self.head = new_head()
         if self.head_dist is not None:
             self.head_dist = new_head()
+        if self.class_names is not None and len(self.class_names) != num_classes:
+            self.class_names = None
 
     def set_input_size(self, img_size=None, interpolation: str | None = None, antialias: bool | None = None) -> None:
-        """Change the native resolution: resamples the stored position table (prefix rows untouched)."""
+        """Change the native resolution. A learned table is resampled (prefix rows untouched), a sin-cos
+        table regenerated for the new grid: the same rule as a forward at another size."""
         if img_size is None:
             return
         img_size = to_2tuple(img_size)
-        old_grid = self.patch_embed.grid_size
         new_grid = self.patch_embed.grid_for(*img_size)
+        with torch.no_grad():
+            table = None if self.pos_embed is None else self._pos_table(new_grid, interpolation, antialias)
         self.patch_embed.set_img_size(img_size)
         self.cfg = self.cfg.replace(img_size=img_size)
-        if self.pos_embed is None:
-            return
-        with torch.no_grad():
-            if self.cfg.pos_embed == "sincos":
-                table = sincos_2d_pos_embed(self.embed_dim, new_grid).to(self.pos_embed)[None]
-                if self.cfg.prefix_pos and self.num_prefix_tokens:
-                    table = torch.cat([self.pos_embed[:, : self.num_prefix_tokens], table], dim=1)
+        self.preprocess = dataclasses.replace(self.preprocess, input_size=(self.cfg.in_chans, *img_size))
+        if table is not None:
+            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+
+    def adapt_checkpoint(self, sd: dict[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
+        """A state dict in this family's names -> one that fits this model's grid and channels: a learned
+        position table is resampled to the model's grid, a sin-cos one regenerated; 1- or 3-channel patch
+        filters are adapted to `in_chans`. Called by every load path before the strict key check."""
+        sd = dict(sd)
+        own = self.pos_embed
+        src = sd.get("pos_embed")
+        if src is not None and own is not None and src.shape != own.shape:
+            if src.shape[-1] != own.shape[-1]:
+                raise CheckpointError(
+                    f"{source}: shape mismatch for pos_embed: checkpoint {tuple(src.shape)} vs model "
+                    f"{tuple(own.shape)} (a different model width: check --model)")
+            grid_rows = src.shape[1] - self._pos_prefix
+            side = math.isqrt(max(grid_rows, 0))
+            if side * side != grid_rows:
+                raise CheckpointError(
+                    f"{source}: pos_embed {tuple(src.shape)} cannot be resampled to {tuple(own.shape)}: "
+                    f"{grid_rows} grid rows do not form a square grid "
+                    "(does the checkpoint's prefix-token layout match the model's `prefix_pos`?)")
+            if self.cfg.is_sincos:
+                grid = self._sincos_table(self.patch_embed.grid_size).to(src.dtype)
+                sd["pos_embed"] = torch.cat([src[:, : self._pos_prefix], grid], dim=1)
+                how = "regenerated the sin-cos"
             else:
-                table = resample_pos_embed(
-                    self.pos_embed.data, new_grid, old_grid, self._pos_prefix,
-                    interpolation or self.cfg.pos_interpolation,
-                    self.cfg.pos_antialias if antialias is None else antialias,
-                )
-        self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+                sd["pos_embed"] = resample_pos_embed(src, self.patch_embed.grid_size, (side, side), self._pos_prefix,
+                                                     self.cfg.pos_interpolation, self.cfg.pos_antialias)
+                how = "resampled"
+            log.info("%s: %s position embeddings from %dx%d to %dx%d", source, how, side, side,
+                     *self.patch_embed.grid_size)
+        w = sd.get("patch_embed.proj.weight")
+        own_w = self.patch_embed.proj.weight
+        if (w is not None and w.ndim == 4 and w.shape[1] != own_w.shape[1] and w.shape[0] == own_w.shape[0]
+                and w.shape[2:] == own_w.shape[2:]):
+            sd["patch_embed.proj.weight"] = adapt_in_chans(w, own_w.shape[1])
+            log.info("%s: adapted %d-channel patch embedding to %d channels", source, w.shape[1], own_w.shape[1])
+        return sd
 
     @property
     def _pos_prefix(self) -> int:
         """How many rows of the position table belong to prefix tokens."""
         return self.num_prefix_tokens if self.cfg.prefix_pos else 0
 
-    # ------------------------------------------------------------------ forward
-    def _pos_embed(self, x: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, Gh, Gw, D] patch grid -> [B, P + Gh*Gw, D] tokens with positions added.
+    def _sincos_table(self, grid: tuple[int, int]) -> torch.Tensor:
+        """[1, Gh*Gw, D] fixed table for a grid (sincos: column first as MAE; sincos_hw: vitkit's old order)."""
+        return sincos_2d_pos_embed(self.embed_dim, grid, w_first=self.cfg.pos_embed == "sincos")[None]
 
-        `pos`: a position table already sized for this grid (the ONNX export resamples it in-graph)."""
-        B, gh, gw, D = x.shape
-        if pos is None and self.pos_embed is not None:
-            pos = self.pos_embed
-            if (gh, gw) != self.patch_embed.grid_size:
-                pos = resample_pos_embed(pos, (gh, gw), self.patch_embed.grid_size, self._pos_prefix,
-                                         self.cfg.pos_interpolation, self.cfg.pos_antialias)
-        x = x.reshape(B, gh * gw, D)  # [B, N, D]
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+    def _pos_table(self, grid: tuple[int, int], interpolation: str | None = None,
+                   antialias: bool | None = None) -> torch.Tensor:
+        """The position table [1, P + Gh*Gw, D] for a grid: stored at the native grid; otherwise a sin-cos
+        table is regenerated and a learned one resampled (bicubic + antialias by default)."""
+        pos = self.pos_embed
+        if tuple(grid) == self.patch_embed.grid_size:
+            return pos
+        if self.cfg.is_sincos:
+            table = self._sincos_table(grid).to(device=pos.device, dtype=pos.dtype)
+            return torch.cat([pos[:, : self._pos_prefix], table], dim=1)
+        return resample_pos_embed(pos, grid, self.patch_embed.grid_size, self._pos_prefix,
+                                  interpolation or self.cfg.pos_interpolation,
+                                  self.cfg.pos_antialias if antialias is None else antialias)
+
+    # ------------------------------------------------------------------ the token seam
+    def add_pos(self, x: torch.Tensor, grid: tuple[int, int], pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Patch tokens [B, N, D] (row-major over `grid`) + their rows of the position table."""
         if pos is None:
-            x = torch.cat(prefix + [x], dim=1) if prefix else x
-        elif self.cfg.prefix_pos:
-            x = torch.cat(prefix + [x], dim=1) if prefix else x
-            x = x + pos
-        else:
-            x = x + pos
-            x = torch.cat(prefix + [x], dim=1) if prefix else x
-        return self.pos_drop(x)
+            if self.pos_embed is None:
+                return x
+            pos = self._pos_table(grid)
+        return x + pos[:, self._pos_prefix:]
+
+    def add_prefix(self, x: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, N, D] -> [B, P + N, D]: class, distillation and register tokens in front (with their position
+        rows when `prefix_pos`)."""
+        B = x.shape[0]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if not prefix:
+            return x
+        prefix = torch.cat(prefix, dim=1)  # [B, P, D]
+        if self._pos_prefix:
+            table = self.pos_embed if pos is None else pos
+            prefix = prefix + table[:, : self._pos_prefix]
+        return torch.cat([prefix, x], dim=1)
+
+    def prepare_tokens(self, x: torch.Tensor, *, keep: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                       pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Image [B, C, H, W] -> input tokens of the first block [B, P + N', D].
+
+        mask: [B, N] bool, True where a patch is replaced by the mask token before positions are added
+            (DINOv2 / iBOT); needs `mask_token=True`.
+        keep: [B, K] indices of the patches to keep after positions are added (MAE's visible subset);
+            the tokens then are [B, P + K, D] in the order of `keep`.
+        pos: a position table already sized for this input's grid [1, P? + N, D] (the ONNX export
+            resamples it in-graph).
+        """
+        grid = self.patch_embed(x)  # [B, Gh, Gw, D]
+        B, gh, gw, D = grid.shape
+        x = grid.reshape(B, gh * gw, D)  # [B, N, D]
+        if mask is not None:
+            if self.mask_token is None:
+                raise ConfigError("masking patches needs a mask token: build the model with mask_token=True")
+            x = torch.where(mask[..., None], self.mask_token.to(x.dtype), x)
+        x = self.add_pos(x, (gh, gw), pos)
+        if keep is not None:
+            x = torch.gather(x, 1, keep[..., None].expand(-1, -1, D))  # [B, K, D]
+        x = self.add_prefix(x, pos)
+        return self.norm_pre(self.pos_drop(x))
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Image [B, C, H, W] -> input tokens of the first block [B, P + N, D]."""
-        return self.norm_pre(self._pos_embed(self.patch_embed(x)))
+        return self.prepare_tokens(x)
 
-    def forward_features(self, x: torch.Tensor, return_attn: bool = False):
-        """Image -> normalised tokens [B, P + N, D]. With `return_attn`, also the list of per-block
-        attention probabilities [B, H, T, T] (computed on the eager path for this call only)."""
-        x = self.embed(x)
+    # ------------------------------------------------------------------ forward
+    def forward_features(self, x: torch.Tensor, return_attn: bool = False, *, keep: torch.Tensor | None = None,
+                         mask: torch.Tensor | None = None, pos: torch.Tensor | None = None):
+        """Image -> normalised tokens [B, P + N, D] (`keep`, `mask`, `pos`: see `prepare_tokens`). With
+        `return_attn`, also the list of per-block attention probabilities [B, H, T, T] (computed on the
+        eager path for this call only)."""
+        x = self.prepare_tokens(x, keep=keep, mask=mask, pos=pos)
         attns = []
         for blk in self.blocks:
             if return_attn:
@@ -243,7 +343,9 @@ class VisionTransformer(nn.Module):
         return (x, attns) if return_attn else x
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, D] -> [B, D] by the configured pooling (class token, or mean/max of patch tokens)."""
+        """[B, T, D] -> [B, D] by the configured pooling (class token, mean/max of patch tokens, or MAP)."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens:])
         if self.cfg.global_pool == "avg":
             return x[:, self.num_prefix_tokens:].mean(dim=1)
         if self.cfg.global_pool == "max":
@@ -263,11 +365,11 @@ class VisionTransformer(nn.Module):
             return logits, dist
         return (logits + dist) / 2  # DeiT inference: average the class and distillation heads
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
+    def forward(self, x: torch.Tensor, return_attn: bool = False, *, pos: torch.Tensor | None = None):
         if return_attn:
-            feats, attns = self.forward_features(x, return_attn=True)
+            feats, attns = self.forward_features(x, return_attn=True, pos=pos)
             return self.forward_head(feats), attns
-        return self.forward_head(self.forward_features(x))
+        return self.forward_head(self.forward_features(x, pos=pos))
 
     def forward_intermediates(
         self,
@@ -313,10 +415,6 @@ class VisionTransformer(nn.Module):
         if intermediates_only:
             return outs
         return self.norm(x), outs
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
 
 
 def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:

@@ -7,12 +7,13 @@ import re
 
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
+from ..models.vit_variants import SIZES
 from .convert import StateDict
 
 log = logging.getLogger("vitkit")
 
-# Width -> heads where the width is not 64 per head (H, g, G use 16 heads).
-_HEADS = {1280: 16, 1408: 16, 1664: 16, 1152: 16, 96: 3}
+# Width -> heads of the registered sizes, where that is not 64 per head (H, g, G use 16), and so400m's 1152.
+_HEADS = {w: h for w, _, h, _ in SIZES.values() if w // h != 64} | {1152: 16}
 
 
 def default_heads(width: int) -> int:
@@ -76,5 +77,5 @@ def infer_config(sd: StateDict, hints: dict | None = None) -> ViTConfig:
         log.warning("the checkpoint does not record its number of attention heads: assuming %d for width %d "
                     "(pass num_heads=... or --model NAME if it differs)", default_heads(D), D)
     kw["num_heads"] = hints.pop("num_heads", None) or default_heads(D)
-    kw.update({k: v for k, v in hints.items() if not k.startswith("_")})  # '_preprocess' etc. are not config
+    kw.update(hints)
     return ViTConfig(**kw)

@@ -17,7 +17,9 @@ import torch
 
 from ..errors import CheckpointError
 
-FORMAT_VERSION = 1
+# 2: the file names its model family (`vitkit.family`). Format 1 files (no family key) still load, see
+# `_upgrade_format_1`.
+FORMAT_VERSION = 2
 META_PREFIX = "vitkit."
 
 
@@ -161,8 +163,9 @@ def save_checkpoint(
     preprocess: dict[str, Any] | None = None,
     class_names: list[str] | None = None,
     provenance: dict[str, Any] | None = None,
+    family: str = "vit",
 ) -> Path:
-    """Write weights + everything needed to rebuild and use them, atomically."""
+    """Write weights + everything needed to rebuild and use them (the family and its config), atomically."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -170,6 +173,7 @@ def save_checkpoint(
 
     meta = {
         META_PREFIX + "format_version": str(FORMAT_VERSION),
+        META_PREFIX + "family": family,
         META_PREFIX + "config": json.dumps(config),
         META_PREFIX + "preprocess": json.dumps(preprocess or {}),
         META_PREFIX + "class_names": json.dumps(class_names or []),
@@ -188,7 +192,7 @@ def save_checkpoint(
 
 
 def parse_vitkit_meta(meta: dict[str, str], path: Path | str = "") -> dict[str, Any] | None:
-    """vitkit metadata -> dict(config, preprocess, class_names, provenance), or None for foreign files."""
+    """vitkit metadata -> dict(family, config, preprocess, class_names, provenance), or None for foreign files."""
     key = META_PREFIX + "format_version"
     if key not in meta:
         return None
@@ -208,4 +212,21 @@ def parse_vitkit_meta(meta: dict[str, str], path: Path | str = "") -> dict[str, 
             raise CheckpointError(f"{path}: corrupted vitkit metadata field {field!r}") from None
     if not isinstance(out["config"], dict):
         raise CheckpointError(f"{path}: vitkit metadata has no model config")
+    if version == 1:
+        return _upgrade_format_1(out)
+    out["family"] = meta.get(META_PREFIX + "family") or ""
+    if not out["family"]:
+        raise CheckpointError(f"{path}: vitkit metadata names no model family")
     return out
+
+
+def _upgrade_format_1(vk: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 had no family key: its ResNet baselines are recognised by `arch`, everything else is a ViT.
+    Its sin-cos position tables put the row (h) first; they are named `sincos_hw` so a new grid is
+    regenerated the way the model was trained (format 2's `sincos` is MAE's column-first table)."""
+    cfg = dict(vk["config"])
+    if str(cfg.get("arch", "")).startswith("resnet"):
+        return vk | {"family": "resnet"}
+    if cfg.get("pos_embed") == "sincos":
+        cfg["pos_embed"] = "sincos_hw"
+    return vk | {"family": "vit", "config": cfg}
