@@ -73,6 +73,29 @@ def test_dynamic_size_export_runs_any_multiple_of_the_patch(trained, tmp_path):
         assert (runner(trained[3][0][:4]) - model(trained[3][0][:4])).abs().max() <= 1e-4  # native size: exact
 
 
+@pytest.mark.parametrize("pos_embed", ["sincos", "sincos_hw"])
+def test_dynamic_size_export_of_a_sincos_model_regenerates_its_table(pos_embed, tmp_path):
+    """A fixed sin-cos table is regenerated in the graph for each input's grid: the PyTorch rule, exactly."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_pico_patch2_8", pos_embed=pos_embed, global_pool="avg", class_token=False)
+    report = export_onnx(model.eval(), tmp_path / "sincos.onnx", dynamic_size=True)
+    assert report["max_abs_diff"] <= 1e-4
+    runner = OnnxRunner(tmp_path / "sincos.onnx", threads=1)
+    x = torch.randn(2, 1, 14, 6)
+    with torch.no_grad():
+        assert (runner(x) - model(x)).abs().max() <= 1e-4
+
+
+def test_a_resnet_exports_too(tmp_path):
+    model = vitkit.create_model("resnet18", num_classes=3, in_chans=1, img_size=16).eval()
+    report = export_onnx(model, tmp_path / "rn.onnx", dynamic_size=True)
+    runner = OnnxRunner(tmp_path / "rn.onnx", threads=1)
+    assert report["max_abs_diff"] <= 1e-4 and runner.cfg == model.cfg
+    x = torch.randn(2, 1, 20, 12)
+    with torch.no_grad():
+        assert (runner(x) - model(x)).abs().max() <= 1e-4
+
+
 def test_int8_model_runs_and_agrees_with_fp32(trained, tmp_path):
     model, path, _, (x, y) = trained
     q = quantize_int8(path, tmp_path / "pico.int8.onnx")

@@ -1,7 +1,7 @@
 """The package is layered and acyclic: every import inside src/vitkit (top-level or inside a function) goes
 down or sideways, never up, and the package-level graph has no cycle.
 
-    layers -> models -> weights -> api -> data / export -> analysis / training -> bench -> cli
+    layers -> models -> weights -> api -> data / export -> analysis / training / inference -> bench -> cli
 
 `python tests/test_layering.py` prints the package-level import graph.
 """
@@ -21,7 +21,7 @@ RANKS = {
     "weights": 3,
     "api": 4,
     "data": 5, "export": 5,
-    "analysis": 6, "training": 6,
+    "analysis": 6, "training": 6, "inference": 6,  # inference uses training.evaluate
     "bench": 7,
     "cli": 8,
     "__init__": 9, "__main__": 9, "demo": 9,

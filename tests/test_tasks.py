@@ -132,3 +132,10 @@ def test_a_new_objective_trains_through_the_unchanged_loop(tmp_path, monkeypatch
     assert resumed.run()["status"] == "stopped"
     assert int(resumed.task.steps_seen) == 9 and resumed.task.epochs_started == [2]
     assert resumed.task.steps_done == [7, 8, 9]
+
+    # and runs to the end: summary and report carry the task's own numbers, no classifier's
+    done = Trainer(recipe, tmp_path / "run", resume=True, quiet=True).run()
+    assert done["status"] == "done" and "top1" not in done["final"] and 0 < done["final"]["loss"] < 0.2
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"loss {done['final']['loss']:.4g}" in report and "top-1" not in report
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 0 and not (tmp_path / "run" / "confusion.png").exists()

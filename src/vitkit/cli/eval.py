@@ -20,36 +20,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import torch
-    from torch.utils.data import ConcatDataset, DataLoader
-
-    from ..data.datasets import Transformed, load_data, map_labels
-    from ..data.transforms import eval_transform
-    from ..errors import DataError
-    from ..training.evaluate import evaluate, per_class
-    from ..training.models import in_chans
+    from ..inference import evaluate_on
 
     model = load_backend(args.checkpoint, args.backend)
-    data = load_data(args.data, seed=args.seed, strict=args.strict, channels=in_chans(model))
-    names = model.class_names or data.class_names
-    if model.num_classes != len(names):
-        raise DataError(f"{args.checkpoint}: {model.num_classes} outputs but {len(names)} classes in {args.data}")
-    map_labels(data, names)
-    splits = {"test": data.test, "val": data.val, "train": data.train}
-    if args.split == "all":
-        ds, split = ConcatDataset([s for s in splits.values() if s is not None]), "all"
-    else:
-        split = args.split or next((k for k in ("test", "val") if splits[k] is not None), "train")
-        ds = splits[split]
-        if ds is None:
-            raise DataError(f"{args.data} has no {split} split")
-    loader = DataLoader(Transformed(ds, eval_transform(model.preprocess), deterministic=False),
-                        batch_size=args.batch_size)
-    res = evaluate(model, loader, len(names), torch.device("cpu"))
-    out = {"checkpoint": str(args.checkpoint), "data": data.name, "split": split, "count": res["count"],
-           "top1": res["top1"], "top5": res["top5"], "loss": res["loss"],
-           "per_class": per_class(res["confusion"], names), "class_names": names,
-           "confusion": res["confusion"].tolist(), "skipped_images": data.info.get("num_skipped", 0)}
+    out = {"checkpoint": str(args.checkpoint)} | evaluate_on(model, args.data, split=args.split, seed=args.seed,
+                                                             batch_size=args.batch_size, strict=args.strict)
+    names = out["class_names"]
 
     def render(d):
         print_table(f"{d['checkpoint']} on {d['data']} ({d['split']}, {d['count']} images)",

@@ -17,35 +17,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def predict_files(model, paths, top_k: int = 3):
-    """-> (predictions [{image, top: [{label, index, prob}]}], errors [{image, error}])."""
-    import torch
-
-    from ..data.images import load_image
-    from ..data.transforms import eval_transform
-    from ..errors import ImageError
-    from ..training.models import in_chans
-
-    tf = eval_transform(model.preprocess)
-    names = model.class_names
-    k = min(top_k, model.num_classes)
-    preds, errors = [], []
-    model.eval()
-    for path in paths:
-        try:
-            x = tf(load_image(path, in_chans(model)))[None]  # [1, C, H, W]
-        except ImageError as e:
-            errors.append({"image": str(path), "error": str(e)})
-            continue
-        with torch.no_grad():
-            probs = model(x).float().softmax(-1)[0]  # [K]
-        p, idx = probs.topk(k)
-        preds.append({"image": str(path), "top": [
-            {"label": names[i] if names else str(i), "index": int(i), "prob": float(q)} for q, i in zip(p, idx.tolist())]})
-    return preds, errors
-
-
 def run(args) -> int:
+    from ..inference import predict_files
+
     model = load_backend(args.checkpoint, args.backend)
     preds, errors = predict_files(model, args.images, args.top_k)
 

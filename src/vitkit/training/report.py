@@ -10,23 +10,29 @@ import torch
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
+    """Train and eval loss per epoch; for a classifier also the eval top-1 (and without EMA)."""
     from matplotlib.figure import Figure
 
     epochs = [h["epoch"] for h in history]
-    fig = Figure(figsize=(10, 4))
-    ax1, ax2 = fig.subplots(1, 2)
+    split = history[-1]["eval_split"]
+    classifier = "eval_top1" in history[-1]
+    fig = Figure(figsize=(10 if classifier else 5, 4))
+    axes = fig.subplots(1, 2 if classifier else 1)
+    ax1 = axes[0] if classifier else axes
     ax1.plot(epochs, [h["train_loss"] for h in history], label="train loss")
-    ax1.plot(epochs, [h["eval_loss"] for h in history], label=f"{history[-1]['eval_split']} loss")
+    ax1.plot(epochs, [h["eval_loss"] for h in history], label=f"{split} loss")
     ax1.set_xlabel("epoch")
     ax1.set_ylabel("loss")
     ax1.legend()
-    ax2.plot(epochs, [h["eval_top1"] for h in history], label=f"{history[-1]['eval_split']} top-1")
-    if any("raw_top1" in h for h in history):
-        ax2.plot(epochs, [h.get("raw_top1") for h in history], "--", label="without EMA")
-    ax2.set_xlabel("epoch")
-    ax2.set_ylabel("accuracy (%)")
-    ax2.legend()
-    ax2.grid(alpha=0.3)
+    if classifier:
+        ax2 = axes[1]
+        ax2.plot(epochs, [h["eval_top1"] for h in history], label=f"{split} top-1")
+        if any("raw_top1" in h for h in history):
+            ax2.plot(epochs, [h.get("raw_top1") for h in history], "--", label="without EMA")
+        ax2.set_xlabel("epoch")
+        ax2.set_ylabel("accuracy (%)")
+        ax2.legend()
+        ax2.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -54,19 +60,30 @@ def plot_confusion(confusion: torch.Tensor, class_names: list[str], path: Path, 
     fig.savefig(path, dpi=100)
 
 
+def _metrics(d: dict[str, Any]) -> str:
+    """Top-1/top-5 for a classifier; otherwise the task's own numbers (an MAE reports its loss)."""
+    if "top1" in d:
+        return f"top-1 **{d['top1']:.2f}%**, top-5 {d['top5']:.2f}%"
+    return ", ".join(f"{k} {v:.4g}" for k, v in d.items() if isinstance(v, (int, float)) and k not in ("epoch",))
+
+
 def write_report(run: Path, summary: dict[str, Any]) -> Path:
-    f = summary["final"]
+    from .._files import atomic_write_text
+
+    f, best = summary["final"], summary["best"]
     lines = [
         f"# vitkit run: {run.name}", "",
         f"- recipe: `{summary['recipe']}`, model `{summary['model']}`, data `{summary['data']}`",
         f"- command: `{summary['command']}`",
         f"- epochs: {summary['epochs']}, wall time {summary['wall_time_s']:.0f} s, {summary['img_per_s']:.0f} img/s",
-        f"- final {f['split']} top-1 **{f['top1']:.2f}%**, top-5 {f['top5']:.2f}%",
-        f"- best {summary['best']['split']} top-1 {summary['best']['top1']:.2f}% (epoch {summary['best']['epoch']})",
+        f"- final {f['split']} {_metrics(f)}",
+        f"- best {best['split']} {_metrics(best).replace('**', '')} (epoch {best['epoch']})",
     ]
     if summary.get("skipped_images"):
         lines.append(f"- skipped {summary['skipped_images']} unreadable image(s): see config.json data.skipped")
-    lines += ["", "![curves](curves.png)", "", "![confusion](confusion.png)", ""]
+    lines += ["", "![curves](curves.png)", ""]
+    if (run / "confusion.png").exists():
+        lines += ["![confusion](confusion.png)", ""]
     path = run / "report.md"
-    path.write_text("\n".join(lines))
+    atomic_write_text(path, "\n".join(lines))
     return path

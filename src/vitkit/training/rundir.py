@@ -47,7 +47,7 @@ def run_config(recipe, data, model, *, command: str, finetune, world: int, devic
 
     return {"recipe": recipe.to_dict(), "command": command, "finetune": finetune,
             "data": data.summary() | {"split_indices": data.info.get("split_indices")},
-            "model": getattr(model, "arch_config", None) or model.cfg.to_dict(),
+            "family": model.family, "model": model.cfg.to_dict(),
             "preprocess": model.preprocess.to_dict(), "class_names": data.class_names,
             "world_size": world, "device": str(device), "vitkit": __version__, "torch": torch.__version__}
 
