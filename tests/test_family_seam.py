@@ -14,6 +14,7 @@ from timm.layers import SwiGLU as TimmSwiGLU
 from timm.layers import SwiGLUPacked as TimmSwiGLUPacked
 
 import vitkit
+from test_import_timm import perturb as perturbed
 from vitkit.cli.main import main as cli
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.layers import AttentionPoolLatent, SwiGLU, SwiGLUPacked, register_layer, sincos_2d_pos_embed
@@ -22,14 +23,6 @@ from vitkit.models import get_entry
 from vitkit.weights.io import read_safetensors_meta
 
 SMALL = {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2}
-
-
-def perturbed(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    return module.eval()
 
 
 # ---------------------------------------------------------------------------- the file format
