@@ -387,3 +387,56 @@ def test_attention_of_an_imported_timm_checkpoint_matches_timm(tmp_path):
     for a, b in zip(attns, caught):
         assert torch.allclose(a, b, atol=1e-6)
     assert torch.allclose(rollout_matrix(attns), rollout_matrix(caught), atol=1e-6)
+
+
+# ---------------------------------------------------------------- explain inputs and heat-map figures
+def _has_colour(rgb: np.ndarray, colour, tol: int = 12) -> bool:
+    return bool((np.abs(rgb.astype(int) - np.array(colour)).max(-1) <= tol).any())
+
+
+@pytest.mark.parametrize("figure", ["overlay", "heads"])
+def test_heat_maps_have_a_colour_bar(tmp_path, figure):
+    """The ends of 'jet' at full opacity, dark blue (0, 0, 128) and dark red (128, 0, 0), can only come from
+    a colour bar: over a light gray image (>= 0.5) the overlay (alpha <= 0.6) keeps every channel >= 51."""
+    import skimage.data
+    from PIL import Image
+
+    from vitkit.analysis.figures import head_grid_figure, overlay_figure
+
+    gray = 0.5 + torch.from_numpy(skimage.data.camera()[::8, ::8] / 510.0).float()[None].repeat(3, 1, 1)
+    amap = torch.rand(4, 4, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / f"{figure}.png"
+    if figure == "overlay":
+        overlay_figure(gray, amap, path, "title", "caption")
+    else:
+        head_grid_figure(gray, torch.stack([amap, amap.T, 1 - amap]), path, "title")
+    with Image.open(path) as im:
+        rgb = np.asarray(im.convert("RGB"))
+    assert _has_colour(rgb, (0, 0, 128)) and _has_colour(rgb, (128, 0, 0))
+
+
+def test_explain_input_is_the_eval_crop_not_a_squashed_photo():
+    """`explain` (analysis.inputs.prepare) feeds the model what predict does: timm's eval transform, the shorter
+    side resized and centre-cropped; the overlay's pixels are that crop, not the photo squashed to a square."""
+    import skimage.data
+    from PIL import Image
+    from timm.data import create_transform, resolve_data_config
+
+    from vitkit.analysis.inputs import prepare
+
+    torch.manual_seed(0)
+    model = tiny().eval()  # 32x32 input, bicubic, crop_pct 0.9 (the ViT default)
+    pre = model.preprocess
+    photo = Image.fromarray(skimage.data.chelsea())  # 451 x 300
+    for size in (None, (32, 48)):
+        hw = size or tuple(pre.input_size[1:])
+        cfg = resolve_data_config({"input_size": (3, *hw), "crop_pct": pre.crop_pct, "interpolation": pre.interpolation,
+                                   "mean": pre.mean, "std": pre.std})
+        expect = create_transform(**cfg)(photo)
+        x, raw = prepare(model, photo, size)
+        assert x.shape == (1, 3, *hw) and (x[0] - expect).abs().max() <= 1e-5
+        unnorm = expect * torch.tensor(pre.std)[:, None, None] + torch.tensor(pre.mean)[:, None, None]
+        assert (raw - unnorm).abs().max() <= 1e-5
+    gray_model = tiny(in_chans=1).eval()
+    x, raw = prepare(gray_model, photo)
+    assert x.shape == (1, 1, 32, 32) and raw.shape == (1, 32, 32)

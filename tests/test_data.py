@@ -40,6 +40,29 @@ def test_val_fraction_carves_from_train_without_overlap():
     assert len(held) == len(d.val)
 
 
+def test_val_from_digits_keeps_the_test_indices():
+    d = load_data("digits", seed=0, val_fraction=0.1)
+    assert len(d.info["split_indices"]["test"]) == len(d.test) == 359  # both splits recorded for config.json
+    assert len(d.info["split_indices"]["val_from_train"]) == len(d.val)
+
+
+def test_carved_val_holds_every_class_and_refuses_too_few(tmp_path):
+    """A folder of real photos with 2-3 images per class: 15% rounds to 0 per class, yet each class gets one
+    val image (and keeps at least one to train on); a class with a single image is a clear stop."""
+    from vitkit.data.datasets import DEFAULT_VAL_FRACTION, default_val_fraction
+
+    _write_tree(tmp_path / "imgs", broken=False)
+    Image.fromarray(_photos()["cat"][0]).resize((48, 40)).save(tmp_path / "imgs" / "cat" / "2.png")
+    d = load_data(str(tmp_path / "imgs"), val_fraction=DEFAULT_VAL_FRACTION, seed=0)
+    assert sorted(d.val.labels.tolist()) == [0, 1, 2] and sorted(d.train.labels.tolist()) == [0, 1, 1, 2]
+    assert d.info["split_indices"]["val_from_train"] == sorted(d.info["split_indices"]["val_from_train"])
+    assert default_val_fraction("digits") == 0 and default_val_fraction(str(tmp_path)) == DEFAULT_VAL_FRACTION
+    (tmp_path / "imgs" / "coffee" / "1.jpg").unlink()
+    with pytest.raises(DataError, match=r"class 'coffee' has 1 image\(s\); a validation split needs at least 2"):
+        load_data(str(tmp_path / "imgs"), val_fraction=0.15)
+    assert len(load_data(str(tmp_path / "imgs")).train) == 6  # no split asked: every image trains
+
+
 def test_stratified_split_keeps_every_class():
     keep, held = stratified_split([0, 0, 0, 1, 2, 2], 0.5, seed=0)
     assert sorted(keep + held) == list(range(6))

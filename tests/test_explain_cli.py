@@ -1,6 +1,7 @@
 """`vitkit explain` and `vitkit analyze` end to end on real photos (skimage.data) and real datasets."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import skimage.data
@@ -35,6 +36,13 @@ def run_json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
+def explain_json(capsys, argv):
+    """The one image's entry of `vitkit explain --json` with a single image."""
+    d = run_json(capsys, argv)
+    assert d["errors"] == [] and len(d["images"]) == 1
+    return d["images"][0]
+
+
 def png_size(path):
     with Image.open(path) as im:
         assert im.format == "PNG"
@@ -45,7 +53,7 @@ def png_size(path):
 def test_explain_writes_overlay_and_head_grid(files, capsys, method):
     out = files / f"out-{method}.png"
     extra = ["--class", "3"] if method == "grad-rollout" else ["--head-fusion", "max", "--discard-ratio", "0.2"]
-    info = run_json(capsys, ["explain", str(files / "rgb.safetensors"), str(files / "photos/sub/chelsea.jpg"),
+    info = explain_json(capsys, ["explain", str(files / "rgb.safetensors"), str(files / "photos/sub/chelsea.jpg"),
                              "--method", method, "--out", str(out)] + extra)
     assert info["grid"] == [4, 4] and info["input_size"] == [32, 32]
     assert info["top"][0]["name"] in list("abcde") and len(info["top"]) == 5
@@ -55,10 +63,10 @@ def test_explain_writes_overlay_and_head_grid(files, capsys, method):
 
 
 def test_explain_non_square_size_and_grayscale_model(files, capsys):
-    info = run_json(capsys, ["explain", str(files / "rgb.safetensors"), str(files / "photos/astronaut.png"),
+    info = explain_json(capsys, ["explain", str(files / "rgb.safetensors"), str(files / "photos/astronaut.png"),
                              "--img-size", "32x56", "--out", str(files / "wide.png")])
     assert info["grid"] == [4, 7]
-    info = run_json(capsys, ["explain", str(files / "gray.safetensors"), str(files / "photos/astronaut.png"),
+    info = explain_json(capsys, ["explain", str(files / "gray.safetensors"), str(files / "photos/astronaut.png"),
                              "--out", str(files / "gray.png")])
     assert info["grid"] == [4, 4] and png_size(files / "gray.png") == (800, 450)
 
@@ -130,7 +138,7 @@ def test_explain_headless_model(files, capsys, tmp_path):
     m = vitkit.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2, img_size=32, patch_size=8,
                             num_classes=0)
     vitkit.save_model(m, tmp_path / "headless.safetensors")
-    info = run_json(capsys, ["explain", str(tmp_path / "headless.safetensors"), str(files / "photos/camera.png"),
+    info = explain_json(capsys, ["explain", str(tmp_path / "headless.safetensors"), str(files / "photos/camera.png"),
                              "--out", str(tmp_path / "h.png")])
     assert info["top"] == [] and info["target"] is None and png_size(tmp_path / "h.png") == (800, 450)
     rc = main(["explain", str(tmp_path / "headless.safetensors"), str(files / "photos/camera.png"),
@@ -151,3 +159,67 @@ def test_reports_are_library_calls(files, tmp_path):
     assert info["grid"] == [4, 6] and info["target"] == 1 and len(info["top"]) == 5
     r, c = info["peak_patch"]
     assert 0 <= r < 4 and 0 <= c < 6 and png_size(info["heads_out"]) == (1000, 310)
+
+
+def test_explain_several_images_into_a_folder_one_figure_pair_per_image_and_method(files, capsys):
+    """Several images: one heat map + head grid each; rollout then grad-rollout into the same folder
+    overwrites nothing (the method is in every name)."""
+    imgs = [files / "photos/astronaut.png", files / "photos/sub/chelsea.jpg", files / "photos/camera.png"]
+    out = files / "maps"
+    written = {}
+    for method in ("rollout", "grad-rollout"):
+        d = run_json(capsys, ["explain", str(files / "rgb.safetensors"), *map(str, imgs), "--method", method,
+                              "--out", str(out)])
+        assert d["method"] == method and d["errors"] == [] and [e["image"] for e in d["images"]] == list(map(str, imgs))
+        for e in d["images"]:
+            assert method in e["out"] and e["out"].startswith(str(out))
+            written[e["out"]] = Path(e["out"]).read_bytes()
+            written[e["heads_out"]] = Path(e["heads_out"]).read_bytes()
+    assert len(written) == 12  # 3 images x 2 methods x (heat map + head grid), all distinct names
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{stem}-{m}{tail}" for stem in ("astronaut", "chelsea", "camera") for m in ("rollout", "grad-rollout")
+        for tail in (".png", "-heads.png"))
+    for path, content in written.items():  # the second method did not overwrite the first one's files
+        assert Path(path).read_bytes() == content and png_size(path)[0] > 0
+    heat = {m: (out / f"chelsea-{m}.png").read_bytes() for m in ("rollout", "grad-rollout")}
+    assert heat["rollout"] != heat["grad-rollout"]
+
+
+def test_explain_out_pattern_default_names_and_refusals(files, capsys, tmp_path, monkeypatch):
+    imgs = [str(files / "photos/astronaut.png"), str(files / "photos/sub/chelsea.jpg")]
+    d = run_json(capsys, ["explain", str(files / "rgb.safetensors"), *imgs, "--method", "cls-attention",
+                          "--out", str(tmp_path / "p/{index}_{stem}_{method}.png")])
+    assert [e["out"] for e in d["images"]] == [str(tmp_path / "p/1_astronaut_cls-attention.png"),
+                                               str(tmp_path / "p/2_chelsea_cls-attention.png")]
+    assert all(png_size(e["out"]) == (800, 450) for e in d["images"])
+    monkeypatch.chdir(tmp_path)  # default: IMAGE_STEM-METHOD.png here
+    for method in ("rollout", "grad-rollout"):
+        run_json(capsys, ["explain", str(files / "rgb.safetensors"), imgs[1], "--method", method])
+    assert (tmp_path / "chelsea-rollout.png").is_file() and (tmp_path / "chelsea-grad-rollout.png").is_file()
+    # same stem in two folders: both kept
+    (tmp_path / "b").mkdir()
+    Image.open(imgs[1]).save(tmp_path / "b/chelsea.png")
+    d = run_json(capsys, ["explain", str(files / "rgb.safetensors"), imgs[1], str(tmp_path / "b/chelsea.png"),
+                          "--out", "same"])
+    assert [e["out"] for e in d["images"]] == ["same/chelsea-1-rollout.png", "same/chelsea-2-rollout.png"]
+    # one FILE.png for several images, or a pattern that collides: one line, nothing written
+    for out in (str(tmp_path / "one.png"), str(tmp_path / "{method}.png")):
+        rc = main(["explain", str(files / "rgb.safetensors"), *imgs, "--out", out])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and "--out" in err
+    assert not (tmp_path / "one.png").exists() and not (tmp_path / "rollout.png").exists()
+
+
+def test_explain_broken_image_among_several_keeps_the_others(files, capsys, tmp_path):
+    rc = main(["explain", str(files / "rgb.safetensors"), str(files / "broken.png"), str(files / "photos/camera.png"),
+               "--out", str(tmp_path), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    d = json.loads(captured.out)
+    assert [e["image"] for e in d["errors"]] == [str(files / "broken.png")]
+    assert len(d["images"]) == 1 and png_size(tmp_path / "camera-rollout.png") == (800, 450)
+    errors = [line for line in captured.err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "broken.png" in errors[0]
+    # plus the one note: a gray 512x512 photo into this 32x32 colour model
+    assert [line for line in captured.err.splitlines() if line.startswith("note:")] == [
+        "note: images are converted to 3-channel 32x32 as the model was trained (camera.png was 512x512 grayscale)"]

@@ -47,10 +47,16 @@ def test_digits_run_folder_has_everything(tmp_path, capsys):
     assert "test_top1" in model.provenance["accuracy"] and "vitkit train" in model.provenance["command"]
 
 
-def test_resume_after_epoch_equals_uninterrupted(tmp_path):
+def test_resume_after_epoch_equals_uninterrupted(tmp_path, capsys):
     common = FAST + ["--set", "ema=true", "--set", "mixup=0.2", "--set", "drop_path_rate=0.1", "--epochs", "2"]
     assert cli(["train", "--out", str(tmp_path / "straight"), *common]) == 0
+    # --quiet: no progress or epoch lines, but the final line with the report path
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("done: final test top-1"), err
+    assert err[0].endswith(f"report: {tmp_path / 'straight' / 'report.md'}")
     assert cli(["train", "--out", str(tmp_path / "split"), *common, "--stop-after-epochs", "1"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stopped after epoch 1") and "--resume" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "split" / "summary.json").exists()
     assert cli(["train", "--out", str(tmp_path / "split"), "--resume", "--quiet"]) == 0
     a, b = _weights(tmp_path / "straight" / "last.safetensors"), _weights(tmp_path / "split" / "last.safetensors")
@@ -78,6 +84,9 @@ def test_ctrl_c_saves_state_and_resume_matches(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "resumable state" in err and "--resume" in err
+    # one message, the informative one (not a second bare "interrupted" from the command line)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("vitkit train: interrupted at epoch"), err
     from vitkit.training.state import load_state
 
     info = load_state(out / "state.safetensors")["info"]

@@ -1,38 +1,35 @@
-"""vitkit: Vision Transformers you can build, import, train, look inside and ship."""
-from ._version import __version__  # a neutral module, so any layer may import the version
-from .api import create_model, load_model, load_weights, save_model
-from .errors import CheckpointError, ConfigError, DataError, ImageError, OfflineError, VitkitError
-from .models import (
-    Preprocess,
-    ResNet,
-    ResNetConfig,
-    VisionTransformer,
-    ViTConfig,
-    VitkitModel,
-    decode_variant,
-    list_models,
-    model_config,
-)
+"""vitkit: Vision Transformers you can build, import, train, look inside and ship.
 
-__all__ = [
-    "CheckpointError",
-    "ConfigError",
-    "DataError",
-    "ImageError",
-    "OfflineError",
-    "Preprocess",
-    "ResNet",
-    "ResNetConfig",
-    "ViTConfig",
-    "VisionTransformer",
-    "VitkitError",
-    "VitkitModel",
-    "__version__",
-    "create_model",
-    "decode_variant",
-    "list_models",
-    "load_model",
-    "load_weights",
-    "model_config",
-    "save_model",
-]
+The public names load on first use (PEP 562), so `import vitkit` and the `vitkit` command start without
+importing torch until something needs it.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._version import __version__  # a neutral module, so any layer may import the version
+from .errors import CheckpointError, ConfigError, DataError, ImageError, OfflineError, VitkitError
+
+_LAZY = {
+    "create_model": "api", "load_model": "api", "load_weights": "api", "save_model": "api",
+    "Preprocess": "models", "ResNet": "models", "ResNetConfig": "models", "ViTConfig": "models",
+    "VisionTransformer": "models", "VitkitModel": "models", "decode_variant": "models", "list_models": "models",
+    "model_config": "models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'vitkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["CheckpointError", "ConfigError", "DataError", "ImageError", "OfflineError", "VitkitError",
+           "__version__", *_LAZY]

@@ -17,12 +17,14 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, ConfigError
-from .models import Preprocess, get_entry, get_family
+from .models import Preprocess, get_entry, get_family, list_models
 from .models.registry import ModelEntry
 from .weights.convert import StateDict, to_vitkit
 from .weights.infer import infer_config
 from .weights.io import parse_vitkit_meta, read_any, read_safetensors_meta, resolve_path, save_checkpoint
+from .weights.labels import imagenet1k_class_names, is_imagenet1k_tag
 from .weights.load import load_into
+from .weights.notes import note_once
 
 log = logging.getLogger("vitkit")
 
@@ -45,8 +47,62 @@ class Checkpoint:
         return int(w.shape[0]) if w is not None else None
 
 
+# what a file name ends with, so that `vit_base_patch16_224.safetensors` (a missing file) is not read as a tag
+_FILE_SUFFIXES = {"safetensors", "pth", "pt", "bin", "ckpt", "npz", "onnx", "json", "png", "jpg", "jpeg"}
+
+
+def pretrained_name(source: str | os.PathLike) -> str | None:
+    """`name.tag` when `source` names published weights rather than a file, else None.
+
+    A string that is not an existing path and is a registered `name.tag`, or a bare registered name that has
+    pretrained tags (its first tag is meant), names the hub weights `create_model(name, pretrained=True)`
+    loads; every load path (load_model, read_checkpoint, checkpoint_family, so every command) accepts it.
+    A registered name with an unknown tag, or without published weights, is a ConfigError that says so."""
+    if not isinstance(source, str) or not source or source.startswith("bundled:") or "/" in source \
+            or os.sep in source or os.path.exists(source):
+        return None
+    base, _, tag = source.partition(".")
+    if base not in set(list_models()):
+        return None
+    entry = get_entry(base)
+    if tag and tag in entry.pretrained:
+        return source
+    if tag.lower() in _FILE_SUFFIXES:
+        return None  # a checkpoint file that is not there: the reader says so
+    if not entry.pretrained:
+        raise ConfigError(f"{source!r} is not a file, and {base} is a registered model without published weights: "
+                          f"train it (`vitkit train --model {base}`) or pass a checkpoint file")
+    if tag:
+        raise ConfigError(f"{base} has no pretrained tag {tag!r}; known: {', '.join(entry.pretrained)} "
+                          f"(`vitkit models {base}`)")
+    return f"{base}.{next(iter(entry.pretrained))}"
+
+
+def _published_class_names(name: str, num_classes: int | None) -> list[str] | None:
+    """The class names published weights imply: ImageNet-1k's for a 1000-class head trained or fine-tuned on
+    ImageNet-1k (an `in1k` tag), else None."""
+    tag = name.partition(".")[2]
+    return imagenet1k_class_names() if num_classes == 1000 and is_imagenet1k_tag(tag) else None
+
+
+def _read_pretrained(name: str) -> Checkpoint:
+    """The hub weights of `name.tag` (cached or downloaded), with the class names they imply."""
+    from .weights.hub import download_weights, resolve_pretrained
+
+    repo = resolve_pretrained(name, get_entry(name).hub)
+    ckpt = read_checkpoint(download_weights(repo))
+    ckpt.provenance["source"] = f"hub:{repo}"
+    if not ckpt.class_names:
+        ckpt.class_names = _published_class_names(name, ckpt.head_classes(get_family(ckpt.family).model.head_names))
+    return ckpt
+
+
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Any supported checkpoint file or HF folder, read once (see weights.io.read_any and weights.convert)."""
+    """Any supported checkpoint file or HF folder, read once (see weights.io.read_any and weights.convert);
+    a pretrained `name.tag` (see `pretrained_name`) reads its hub file."""
+    name = pretrained_name(path)
+    if name is not None:
+        return _read_pretrained(name)
     raw, meta, hf_config = read_any(path)
     vk = parse_vitkit_meta(meta, path)
     if vk is not None:
@@ -61,6 +117,9 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 def checkpoint_family(path: str | os.PathLike) -> str:
     """The model family a checkpoint holds, from a vitkit file's header alone (foreign layouts are ViTs)."""
+    name = pretrained_name(path)
+    if name is not None:
+        return get_entry(name).family
     p = resolve_path(path)
     if p.is_file() and p.suffix.lower() == ".safetensors":
         vk = parse_vitkit_meta(read_safetensors_meta(p), p)
@@ -88,19 +147,19 @@ def create_model(
     keyword names (act_layer, reg_tokens, no_embed_class, ...) are accepted.
     """
     entry = get_entry(name)
-    ckpt, source = None, None
+    ckpt = None
     if pretrained and checkpoint_path is None:
-        from .weights.hub import download_weights, resolve_pretrained
-
-        repo_id = resolve_pretrained(name, entry.hub)
-        checkpoint_path, source = download_weights(repo_id), f"hub:{repo_id}"
-    if checkpoint_path is not None:
+        if not entry.pretrained:
+            raise ConfigError(f"no pretrained weights are registered for {entry.name}; pass checkpoint_path=")
+        tag = name.partition(".")[2] or next(iter(entry.pretrained))
+        ckpt = _read_pretrained(f"{entry.name}.{tag}")
+    elif checkpoint_path is not None:
         ckpt = read_checkpoint(checkpoint_path)
     model = _build(entry, ckpt, num_classes, img_size, overrides)
     if ckpt is not None:
         _load(model, ckpt, strict=True)
-        if source:
-            model.provenance["source"] = source
+        if str(ckpt.provenance.get("source", "")).startswith("hub:"):
+            model.provenance["source"] = ckpt.provenance["source"]
     return model
 
 
@@ -163,6 +222,11 @@ def load_model(
     read off the shapes (plus config.json for HF folders). `model_name` forces a registered architecture.
     `num_classes`, `img_size` and config overrides (e.g. `in_chans=1`) adapt the model as it loads.
     """
+    name = pretrained_name(path)
+    if name is not None and model_name in (None, name.partition(".")[0]):
+        # published weights by name: the registered architecture and preprocessing, the hub's weights
+        return create_model(name, pretrained=True, num_classes=num_classes, img_size=img_size,
+                            **overrides).to(device)
     ckpt = read_checkpoint(path)
     if model_name is not None:
         model = _build(get_entry(model_name), ckpt, num_classes, img_size, overrides)
@@ -170,13 +234,19 @@ def load_model(
         return model.to(device)
     fam = get_family(ckpt.family)
     cfg = ckpt.config
+    guessed = None
     if cfg is None:
+        hints = dict(ckpt.hints)
+        if overrides.get("num_heads") is not None:  # the caller states it: nothing to assume
+            hints["num_heads"] = overrides["num_heads"]
         try:
-            cfg = infer_config(ckpt.state_dict, ckpt.hints)
+            cfg = infer_config(ckpt.state_dict, hints, source=str(path))
         except CheckpointError:
             raise
         except Exception as e:  # shapes that do not form a ViT
             raise CheckpointError(f"{path}: cannot infer a ViT architecture from the weights ({e})") from None
+        if ckpt.preprocess is None:
+            ckpt.preprocess, guessed = _guess_preprocess(cfg, str(path))
     trained_classes = cfg.num_classes
     changes = fam.translate_kwargs(dict(overrides)) if (overrides and fam.translate_kwargs) else dict(overrides)
     if num_classes is not None:
@@ -189,10 +259,77 @@ def load_model(
     if pre is not None:  # the stored statistics, at the (possibly new) size and channel count
         pre = dataclasses.replace(pre, input_size=(pre.input_size[0], *cfg.img_size)).for_channels(cfg.in_chans)
     class_names = ckpt.class_names if cfg.num_classes == trained_classes else None
-    model = fam.model(cfg, preprocess=pre, class_names=class_names, provenance=ckpt.provenance)
+    model = fam.model(cfg, preprocess=pre, class_names=class_names, provenance=_true_arch(ckpt.provenance, fam, cfg))
     load_into(model, ckpt.state_dict, strict=True, source=str(path))
     model.provenance["imported_from"] = ckpt.layout
+    if guessed:
+        model.provenance["preprocess_from"] = guessed
     return model.to(device)
+
+
+# ViT config fields that make two models the same architecture for preprocessing purposes (the head count is
+# not among them: a foreign file does not record it, see weights.infer)
+_SHAPE_FIELDS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "class_token", "distilled",
+                 "num_reg_tokens", "prefix_pos", "global_pool", "pre_norm", "patch_bias")
+
+
+def _guess_preprocess(cfg, source: str) -> tuple[Preprocess | None, str]:
+    """Preprocessing for weights that record none, from the registered models of the same shape.
+
+    -> (Preprocess or None for the model's default, what it came from). All matching names agree: theirs,
+    silently. They disagree (timm's ViT-B/16 augreg uses mean/std 0.5, DeiT-B the ImageNet statistics): the
+    paper family's (`vit_*`, timm's augreg), with one line naming the alternative and how to pick it. No
+    match: the ImageNet default, with one line saying how to set it."""
+    matches = [e for e in (get_entry(n) for n in list_models(family="vit"))
+               if all(getattr(e.cfg, f) == getattr(cfg, f) for f in _SHAPE_FIELDS)
+               and (e.cfg.init_values is None) == (cfg.init_values is None)]
+    stats = {(tuple(e.mean), tuple(e.std), e.interpolation, e.crop_pct) for e in matches}
+    how = (f"convert it once with `vitkit convert {source} OUT.safetensors --mean M,M,M --std S,S,S` "
+           "(or --model NAME) and use OUT")
+    if not matches:
+        note_once(f"{source} records no preprocessing and matches no registered model: assuming ImageNet mean/std; "
+                  f"if it was trained otherwise, {how}")
+        return None, "default (guessed)"
+    if len(stats) == 1:
+        e = matches[0]
+        return e.preprocess(cfg), e.name
+    pick = next((e for e in matches if e.group == "vit"), matches[0])
+    other = next(e for e in matches if (tuple(e.mean), tuple(e.std)) != (tuple(pick.mean), tuple(pick.std))
+                 or (e.interpolation, e.crop_pct) != (pick.interpolation, pick.crop_pct))
+    note_once(f"{source} records no preprocessing: using {pick.name}'s (mean {_fmt(pick.mean)}, std {_fmt(pick.std)}, "
+              f"crop {pick.crop_pct}); for a {other.name} checkpoint (mean {_fmt(other.mean)}) convert it once with "
+              f"`vitkit convert {source} OUT.safetensors --model {other.name}` and use OUT")
+    return pick.preprocess(cfg), f"{pick.name} (guessed)"
+
+
+def _fmt(values) -> str:
+    return ",".join(f"{v:g}" for v in values) if len(set(values)) > 1 else f"{values[0]:g}"
+
+
+# config fields a checkpoint may change without being another architecture (create_model adapts them at load)
+_ADAPTED = {"num_classes", "img_size", "in_chans", "drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate",
+            "drop_path_rate", "weight_init", "pos_interpolation", "pos_antialias"}
+
+
+def _true_arch(provenance: dict, fam, cfg) -> dict:
+    """A provenance `arch` that names a registered model whose architecture the config does not have (a recipe's
+    model_args changed it) is replaced by the real shape; `base_arch` and `model_args` keep the recipe."""
+    prov = dict(provenance or {})
+    arch = prov.get("arch")
+    if not isinstance(arch, str) or "model_args" in prov or arch not in set(list_models()):
+        return prov
+    entry = get_entry(arch)
+    if entry.family != fam.name:
+        return prov
+    ref, own = entry.cfg.to_dict(), cfg.to_dict()
+    diff = {k: v for k, v in own.items() if k not in _ADAPTED and ref.get(k) != v}
+    if not diff:
+        return prov
+    if all(hasattr(cfg, f) for f in ("embed_dim", "depth", "num_heads", "patch_size")):
+        shape = f"{fam.name} {cfg.embed_dim}/{cfg.depth}/{cfg.num_heads} patch {cfg.patch_size}"
+    else:
+        shape = f"{arch} with " + ", ".join(f"{k}={v}" for k, v in diff.items())
+    return prov | {"arch": shape, "base_arch": arch, "model_args": diff}
 
 
 def save_model(

@@ -67,22 +67,40 @@ def upsample(amap: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
     return F.interpolate(m, size=size, mode="bilinear", align_corners=False)[0, 0].numpy()
 
 
-def _show_overlay(ax, img: np.ndarray, amap, alpha: float = 0.5) -> None:
+HEAT_LABEL = "attention (min-max scaled per map)"
+
+
+def _show_overlay(ax, img: np.ndarray, amap, alpha: float = 0.5):
+    """The image with the min-max scaled map over it in 'jet'; returns the map's image artist (for a
+    colour bar)."""
     ax.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=1)
-    ax.imshow(_unit(upsample(amap, img.shape[:2])), cmap="jet", alpha=alpha, vmin=0, vmax=1)
+    heat = ax.imshow(_unit(upsample(amap, img.shape[:2])), cmap="jet", alpha=alpha, vmin=0, vmax=1)
     ax.set_axis_off()
+    return heat
+
+
+def _heat_colorbar(fig, heat, ax, **kw):
+    """An opaque colour bar for an overlay: 0 = the map's minimum, 1 = its maximum."""
+    from matplotlib.cm import ScalarMappable
+
+    bar = fig.colorbar(ScalarMappable(norm=heat.norm, cmap=heat.cmap), ax=ax, **kw)
+    bar.set_label(HEAT_LABEL, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    return bar
 
 
 def overlay_figure(image, amap, path, title: str, caption: str = "") -> Path:
-    """Input image and the heat map over it, side by side: 8 x 4.5 inches (800 x 450 px)."""
+    """Input image and the heat map over it, side by side, with a colour bar for the map: 8 x 4.5 inches
+    (800 x 450 px)."""
     img = display_image(image)
     fig = _figure((8, 4.5))
     a0, a1 = fig.subplots(1, 2)
     a0.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=1)
     a0.set_axis_off()
     a0.set_title("input", fontsize=9)
-    _show_overlay(a1, img, amap)
+    heat = _show_overlay(a1, img, amap)
     a1.set_title(caption, fontsize=9)
+    _heat_colorbar(fig, heat, a1, fraction=0.046, pad=0.03)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
 
@@ -96,16 +114,20 @@ def _tile_grid(n: int, cols: int, inches: float, title_inches: float):
 
 
 def head_grid_figure(image, head_maps, path, title: str, cols: int = 4) -> Path:
-    """One overlay per head ([H, Gh, Gw]); 2.5 inches per column, 2.5 per row plus 0.6 for the titles."""
+    """One overlay per head ([H, Gh, Gw]) and a shared colour bar; 2.5 inches per column, 2.5 per row plus
+    0.6 for the titles."""
     img = display_image(image)
     n = len(head_maps)
     fig, axes = _tile_grid(n, cols, inches=2.5, title_inches=0.6)
+    heat = None
     for i, ax in enumerate(axes.flat):
         if i < n:
-            _show_overlay(ax, img, head_maps[i], alpha=0.6)
+            heat = _show_overlay(ax, img, head_maps[i], alpha=0.6)
             ax.set_title(f"head {i}", fontsize=8)
         else:
             ax.set_axis_off()
+    if heat is not None:  # one bar for the grid: each head's map is scaled to its own min..max
+        _heat_colorbar(fig, heat, axes, fraction=0.02, pad=0.01)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
 

@@ -25,18 +25,22 @@ def load_image(path, channels: int):
 def prepare(model, image, size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PIL image -> (normalised input [1, C, H, W], display pixels [C, H, W] in [0, 1]).
 
-    The image is resized (not cropped) to `size` or the model's input size, so the whole picture is
-    explained; a 1-channel model gets the grayscale image.
+    The same geometry as predict and eval (timm's eval transform, `vitkit.data.transforms.eval_transform`):
+    the shorter side is resized by the model's crop_pct rule, keeping the aspect ratio, then centre-cropped
+    to `size` or the model's input size, so the heat map lies over exactly the pixels the model saw and a
+    non-square photo is never squashed; a 1-channel model gets the grayscale image.
     """
-    from torchvision.transforms import InterpolationMode
+    import dataclasses
+
     from torchvision.transforms.v2 import functional as TF
 
+    from ..data.transforms import EvalResizeCrop, MatchChannels
+
     pre = preprocess_of(model)
+    channels = int(model.cfg.in_chans)
     size = tuple(size) if size else tuple(pre.input_size[1:])
-    mode = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
-            "nearest": InterpolationMode.NEAREST}.get(pre.interpolation, InterpolationMode.BICUBIC)
-    t = TF.pil_to_tensor(image.convert("L" if model.cfg.in_chans == 1 else "RGB"))  # [C, h, w] uint8
-    t = TF.resize(t, list(size), interpolation=mode, antialias=True)
+    crop = EvalResizeCrop(dataclasses.replace(pre, input_size=(channels, *size)))
+    t = TF.pil_to_tensor(crop(MatchChannels(channels)(image)))  # [C, H, W] uint8
     raw = TF.to_dtype(t, torch.float32, scale=True)  # [C, H, W] in [0, 1]
     x = TF.normalize(raw, list(pre.mean), list(pre.std))
     return x[None], raw

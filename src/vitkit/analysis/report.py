@@ -109,6 +109,49 @@ def peak_patch(amap: torch.Tensor) -> tuple[int, int]:
     return peak // amap.shape[-1], peak % amap.shape[-1]
 
 
+def explain_paths(images: Sequence[str | os.PathLike], method: str,
+                  out: str | os.PathLike | None = None) -> list[Path]:
+    """Where `explain` writes the heat map of each image (the per-head grid goes beside it as *-heads.png).
+
+    The method is in every default name, so rollout and grad-rollout of one image never overwrite each
+    other. `out`:
+
+    - None: IMAGE_STEM-METHOD.png in the current folder, for each image;
+    - a folder (an existing one, or a name ending in '/' or without a suffix; created):
+      FOLDER/IMAGE_STEM-METHOD.png;
+    - a pattern with '{stem}', '{method}' and/or '{index}' (1-based), e.g. 'maps/{stem}-{method}.png';
+    - a file name with a suffix (FILE.png; written as PNG whatever the suffix): that file, for ONE image only.
+
+    Two images with the same stem (a/cat.png, b/cat.jpg) get their position added (cat-1-rollout.png,
+    cat-2-rollout.png); a pattern that would give two images one file is refused.
+    """
+    images = [Path(p) for p in images]
+    if not images:
+        raise ConfigError("explain needs at least one image")
+    stems = [p.stem for p in images]
+    dup = {s for s in stems if stems.count(s) > 1}
+    text = None if out is None else str(out)
+    if text is not None and "{" in text:
+        try:
+            paths = [Path(text.format(stem=s, method=method, index=i + 1)) for i, s in enumerate(stems)]
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"--out pattern {text!r}: use only {{stem}}, {{method}} and {{index}} ({e})") from None
+        paths = [p if p.suffix.lower() == ".png" else p.with_name(p.name + ".png") for p in paths]
+        if len(set(paths)) < len(paths):
+            raise ConfigError(f"--out pattern {text!r} gives several images the same file name: "
+                              "add {stem} or {index}")
+        return paths
+    is_file = text is not None and bool(Path(text).suffix) and not Path(text).is_dir() \
+        and not text.endswith(("/", os.sep))
+    if is_file:
+        if len(images) > 1:
+            raise ConfigError(f"--out {text} names one file but {len(images)} images were given: pass a folder "
+                              "(--out DIR) or a pattern such as --out 'maps/{stem}-{method}.png'")
+        return [Path(text)]
+    folder = Path(text) if text is not None else Path()
+    return [folder / (f"{s}-{i + 1}-{method}.png" if s in dup else f"{s}-{method}.png") for i, s in enumerate(stems)]
+
+
 def explain_image(model, image, out: str | os.PathLike, *, method: str = "rollout", target: int | None = None,
                   head_fusion: str = "mean", discard_ratio: float = 0.0,
                   size: int | tuple[int, int] | None = None, label: str | None = None,
@@ -118,9 +161,11 @@ def explain_image(model, image, out: str | os.PathLike, *, method: str = "rollou
 
     `image` is a PIL image or an image file; `size` an input size other than the model's (an int or
     (H, W), any multiple of the patch size). `method` is rollout, cls-attention or grad-rollout (for
-    class `target`, default the predicted one). Returns the top-5 classes, the target, the peak patch,
-    the input and grid sizes and the files written.
+    class `target`, default the predicted one). The image goes through predict's eval geometry (shorter
+    side resized, centre crop: `inputs.prepare`). Returns the top-5 classes, the target, the peak patch,
+    the input and grid sizes, the files written and what the file was (`source`, when it was a file).
     """
+    from ..data.images import image_source
     from .attention import explain
     from .figures import head_grid_figure, model_label, overlay_figure
     from .inputs import load_image, prepare
@@ -135,6 +180,7 @@ def explain_image(model, image, out: str | os.PathLike, *, method: str = "rollou
     if target is not None and not 0 <= target < model.num_classes:
         raise ConfigError(f"class {target} out of range: the model has {model.num_classes} classes")
     size = (size, size) if isinstance(size, int) else size
+    src = image_source(image)
     x, raw = prepare(model, image, size)
     amap, logits, heads = explain(model, x, method, target, head_fusion, discard_ratio)
 
@@ -157,4 +203,5 @@ def explain_image(model, image, out: str | os.PathLike, *, method: str = "rollou
         "image": image_name, "method": method, "caption": caption, "head_fusion": head_fusion,
         "discard_ratio": discard_ratio, "input_size": [int(x.shape[-2]), int(x.shape[-1])], "grid": [int(gh), int(gw)],
         "target": shown, "top": top, "peak_patch": list(peak_patch(amap[0])), "out": str(out), "heads_out": str(heads_out),
+        "source": None if src is None else dict(zip(("width", "height", "channels", "mode"), src)),
     }

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..bench import BACKENDS, PRECISIONS, TRAIN_PRECISIONS, BenchOptions, run_benchmarks, write_report
 from .common import add_json, emit, positive_int, print_table
-
-_DEFAULTS = BenchOptions()
 
 
 def register(sub) -> None:
+    from ..bench import BACKENDS, PRECISIONS, TRAIN_PRECISIONS, BenchOptions
+
+    _DEFAULTS = BenchOptions()
     p = sub.add_parser("bench", help="time vitkit against timm (inference and training) on this machine")
     p.add_argument("--models", nargs="*", default=list(_DEFAULTS.models),
                    help="registered names, or 'small32' (the 32x32 patch-4 config); none to skip inference")
@@ -38,6 +38,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..bench import BenchOptions, run_benchmarks, write_report
+
     opts = BenchOptions(models=args.models, batches=args.batches, precisions=args.precisions, backends=args.backends,
                         train_models=args.train_models, train_batch=args.train_batch,
                         train_precisions=args.train_precisions, warmup=args.warmup, repeats=args.repeats,

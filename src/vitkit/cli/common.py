@@ -19,15 +19,22 @@ def print_json(data: Any) -> None:
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
                 justify: Sequence[str] | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
     for i, col in enumerate(columns):
-        table.add_column(col, justify=(justify[i] if justify else ("left" if i == 0 else "right")), no_wrap=i == 0)
+        table.add_column(col, justify=(justify[i] if justify else ("left" if i == 0 else "right")), overflow="fold")
     for row in rows:
         table.add_row(*[str(c) for c in row])
-    Console(width=max(100, Console().width)).print(table)
+    console().print(table)
+
+
+def console():
+    """A rich console as wide as the terminal (COLUMNS when set; 80 when not a terminal): tables fold long
+    cells onto more lines rather than run past the edge."""
+    from rich.console import Console
+
+    return Console()
 
 
 def emit(args: argparse.Namespace, data: Any, render: Callable[[Any], None]) -> None:
@@ -60,8 +67,15 @@ def img_size(text: str) -> int | tuple[int, int]:
 
 
 def load_backend(checkpoint: str, backend: str = "torch"):
-    """A model to run: any checkpoint of any family through PyTorch, or an exported .onnx file
-    through ONNX Runtime (same call interface, preprocessing and class names from its metadata)."""
+    """A model to run: any checkpoint of any family through PyTorch (a file, a run folder, `bundled:NAME` or a
+    pretrained `name.tag`), or an exported .onnx file through ONNX Runtime (same call interface,
+    preprocessing and class names from its metadata). An .onnx file runs in ONNX Runtime whatever `backend`
+    says, with a note."""
+    if backend != "onnx" and str(checkpoint).lower().endswith(".onnx"):
+        from ..weights.notes import note_once
+
+        note_once(f"{checkpoint} is an ONNX model: running it with --backend onnx")
+        backend = "onnx"
     if backend == "onnx":
         from ..export.onnx import OnnxRunner
 

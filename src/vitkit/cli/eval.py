@@ -1,30 +1,111 @@
-"""`vitkit eval CKPT --data ...`: top-1/top-5, per-class precision/recall and the confusion matrix."""
+"""`vitkit eval CKPT [--data ...]`: top-1/top-5, per-class precision/recall and the confusion matrix.
+
+Without `--data`, the data the checkpoint was trained on (its provenance), split as in training (seed and
+validation fraction from the checkpoint, its run folder's config.json, or the recipe and command it records)."""
 from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
 
 from .common import add_json, emit, load_backend, positive_int, print_table
 
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint on a dataset (top-1/5, per-class precision/recall)")
-    p.add_argument("checkpoint", help="any checkpoint vitkit can load (a run's best.safetensors, ...)")
-    p.add_argument("--data", default="digits", help="digits | fashion-mnist | FOLDER | MANIFEST.csv")
+    p.add_argument("checkpoint", help="any checkpoint vitkit can load (a run folder, its best.safetensors, "
+                   "bundled:NAME, a pretrained name.tag, an exported .onnx)")
+    p.add_argument("--data", default=None, help="digits | fashion-mnist | FOLDER | MANIFEST.csv (default: the data "
+                   "the checkpoint was trained on)")
     p.add_argument("--split", choices=["test", "val", "train", "all"], default=None,
-                   help="which split (default: test, else val, else everything in the folder/CSV)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split (as in training)")
+                   help="which split (default: test, else val, else everything in the folder/CSV); val is the "
+                   "training run's validation split")
+    p.add_argument("--seed", type=int, default=None, help="seed of the split (default: the training run's)")
     p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
-                   help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime")
+                   help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime (the default "
+                   "for .onnx files)")
     add_json(p)
     p.set_defaults(func=run)
 
 
+def training_data(checkpoint: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """What the checkpoint was trained on and how it was split: {data, seed, val_fraction, from}, each None when
+    unknown. In order: the checkpoint's provenance (`dataset`, `seed`, `val_fraction`), the run folder's
+    config.json beside the file, then the recipe and the reproducing command the provenance records."""
+    out: dict[str, Any] = {"data": provenance.get("dataset"), "seed": provenance.get("seed"),
+                           "val_fraction": provenance.get("val_fraction"), "from": "checkpoint provenance"}
+    if out["seed"] is not None and out["val_fraction"] is not None:
+        return out
+    recipe = None
+    try:
+        from ..weights.io import resolve_path
+
+        config = resolve_path(checkpoint).parent / "config.json"
+        saved = json.loads(config.read_text()) if config.is_file() else {}
+        recipe = dict(saved["recipe"]) if saved else None
+        if recipe is not None:
+            out["from"] = str(config)
+            carved = (saved.get("data") or {}).get("val_split")  # what the run actually carved
+            if isinstance(carved, dict):
+                recipe |= {"val_fraction": carved.get("fraction"), "seed": carved.get("seed", recipe.get("seed"))}
+    except (OSError, ValueError, KeyError, TypeError):
+        recipe = None
+    if recipe is None and provenance.get("recipe"):
+        recipe = _recipe_from_command(provenance["recipe"], provenance.get("command", ""))
+        out["from"] = "the recipe and command in the checkpoint's provenance"
+    if recipe:
+        out["data"] = recipe.get("data") or out["data"]  # the spec as given (a folder path, not its label)
+        out["seed"] = out["seed"] if out["seed"] is not None else recipe.get("seed")
+        if out["val_fraction"] is None:
+            out["val_fraction"] = recipe.get("val_fraction")
+    for prefix in ("folder:", "csv:"):  # a dataset's label (DataBundle.name) -> the spec load_data reads
+        if isinstance(out["data"], str) and out["data"].startswith(prefix):
+            out["data"] = out["data"][len(prefix):]
+    return out
+
+
+def _recipe_from_command(name: str, command: str) -> dict[str, Any] | None:
+    """The recipe a run used: the preset it names plus the `--set key=value` (and --seed/--data) of the command
+    the trainer records, which reproduces the run (see cli.train.canonical_command)."""
+    from ..errors import VitkitError
+    from ..training.recipes import get_recipe
+
+    try:
+        recipe = get_recipe(name)
+        argv = shlex.split(command or "")
+        sets = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
+        sets += [f"{flag[2:]}={argv[i + 1]}" for i, flag in enumerate(argv[:-1]) if flag in ("--seed", "--data")]
+        keep = [s for s in sets if s.split("=", 1)[0] in ("seed", "val_fraction", "data")]
+        return recipe.override(keep).to_dict()
+    except (VitkitError, ValueError):
+        return None
+
+
 def run(args) -> int:
+
     from ..inference import evaluate_on
 
     model = load_backend(args.checkpoint, args.backend)
-    out = {"checkpoint": str(args.checkpoint)} | evaluate_on(model, args.data, split=args.split, seed=args.seed,
+    prov = getattr(model, "provenance", None) or (getattr(model, "meta", None) or {}).get("provenance") or {}
+    trained = training_data(str(args.checkpoint), prov)
+    data = args.data or trained["data"]
+    if not data:  # vitkit's first default, kept, but said
+        from ..weights.notes import note_once
+
+        data = "digits"
+        note_once(f"{args.checkpoint} does not record the data it was trained on: evaluating on digits "
+                  "(pass --data digits | fashion-mnist | FOLDER | MANIFEST.csv)")
+    same = args.data is None or str(Path(args.data)) == str(Path(trained["data"] or ""))
+    seed = args.seed if args.seed is not None else (trained["seed"] if same and trained["seed"] is not None else 0)
+    val_fraction = (trained["val_fraction"] if same else None) or 0.0
+    out = {"checkpoint": str(args.checkpoint)} | evaluate_on(model, data, split=args.split, seed=seed,
+                                                             val_fraction=val_fraction,
                                                              batch_size=args.batch_size, strict=args.strict)
+    out |= {"seed": seed, "val_fraction": val_fraction,
+            "data_from": "--data" if args.data else trained["from"]}
     names = out["class_names"]
 
     def render(d):
@@ -32,9 +113,10 @@ def run(args) -> int:
                     ["class", "precision %", "recall %", "support"],
                     [(c["class"], f"{c['precision']:.1f}", f"{c['recall']:.1f}", c["support"]) for c in d["per_class"]])
         print(f"top-1 {d['top1']:.2f}%  top-5 {d['top5']:.2f}%  loss {d['loss']:.4f}")
-        print("confusion (rows: true, columns: predicted):")
-        for name, row in zip(names, d["confusion"]):
-            print(f"  {name[:12]:>12} " + " ".join(f"{v:5d}" for v in row))
+        if len(names) <= 30:
+            print("confusion (rows: true, columns: predicted):")
+            for name, row in zip(names, d["confusion"]):
+                print(f"  {name[:12]:>12} " + " ".join(f"{v:5d}" for v in row))
 
     emit(args, out, render)
     return 0

@@ -3,9 +3,13 @@
 Dynamic batch by default; `--dynamic-size` also lets H and W vary (positions resampled bilinearly in the
 graph, see vitkit.export.onnx). `--int8` adds OUT.int8.onnx (dynamic quantisation, measured by
 vitkit.bench.int8_report) and, with `--eval-data`, prints its top-1 change beside its speed-up over the
-fp32 graph.
+fp32 graph; one warning line on stderr when int8 costs more than 0.5 top-1 points or is under 1.2x as
+fast (`--int8-max-drop`, `--int8-min-speedup`).
 """
 from __future__ import annotations
+
+import argparse
+import sys
 
 from .common import add_json, emit, positive_int, print_table
 
@@ -24,6 +28,11 @@ def register(sub) -> None:
                    help="with --int8: measure top-1 of PyTorch, ONNX fp32 and int8 on this dataset's test split "
                         "(digits | fashion-mnist | FOLDER | CSV)")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="evaluate at most this many images")
+    p.add_argument("--int8-max-drop", type=non_negative_float, default=None, metavar="POINTS",
+                   help="with --int8: warn when int8 top-1 is more than this many points below PyTorch's "
+                        "(default 0.5; measured with --eval-data)")
+    p.add_argument("--int8-min-speedup", type=non_negative_float, default=None, metavar="X",
+                   help="with --int8: warn when int8 is less than X times as fast as the fp32 ONNX model (default 1.2)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -31,14 +40,19 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..api import load_model
     from ..bench import int8_report
+    from ..errors import ConfigError
     from ..export.onnx import export_onnx
 
+    if not args.int8 and (args.int8_max_drop is not None or args.int8_min_speedup is not None):
+        raise ConfigError("--int8-max-drop and --int8-min-speedup only apply with --int8")
     model = load_model(args.checkpoint).eval()
     out = export_onnx(model, args.onnx, dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,
                       opset=args.opset, tol=args.tol)
     out["checkpoint"] = str(args.checkpoint)
     if args.int8:
-        out["int8"] = int8_report(model, args.onnx, eval_data=args.eval_data, eval_limit=args.eval_limit)
+        limits = {k: v for k, v in (("max_drop", args.int8_max_drop), ("min_speedup", args.int8_min_speedup))
+                  if v is not None}
+        out["int8"] = int8_report(model, args.onnx, eval_data=args.eval_data, eval_limit=args.eval_limit, **limits)
 
     def render(d):
         rows = [("written", d["path"]), ("max |logit diff| vs PyTorch", f"{d['max_abs_diff']:.2e}"),
@@ -55,4 +69,16 @@ def run(args) -> int:
         print_table(f"exported {d['checkpoint']}", ["", ""], rows, justify=["left", "left"])
 
     emit(args, out, render)
+    if args.int8 and out["int8"]["warning"]:  # one line on stderr, whatever the output format
+        print(out["int8"]["warning"], file=sys.stderr)
     return 0
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return v

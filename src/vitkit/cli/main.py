@@ -39,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
-
 def main(argv: list[str] | None = None) -> int:
+    from ..weights.notes import reset
+
+    reset()  # each command says each note once
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `vitkit models | head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print(f"vitkit {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        if not getattr(e, "reported", False):  # e.g. training already said where its resumable state is
+            print(f"vitkit {args.command}: interrupted", file=sys.stderr)
         return 130
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
         print(f"vitkit {args.command}: error: {e.strerror or e}: {e.filename}", file=sys.stderr)

@@ -26,22 +26,36 @@ def run(args) -> int:
     rows = model_rows(args.pattern)
 
     def render(rows):
-        from rich.console import Console
+        from rich import box
         from rich.table import Table
 
-        table = Table(title=f"{len(rows)} models")
-        for col, justify in (("name", "left"), ("family", "left"), ("group", "left"), ("params (M)", "right"),
-                             ("GMACs", "right"),
-                             ("res", "right"), ("patch", "right"), ("width/depth/heads", "right"),
-                             ("pretrained", "left")):
-            table.add_column(col, justify=justify, no_wrap=col in ("name", "family"))
+        from .common import console
+
+        con = console()
+        wide = con.width >= 130  # every column; narrower terminals get the compact table, which fits 80
+        table = Table(title=f"{len(rows)} models", box=box.SIMPLE_HEAD if not wide else box.HEAVY_HEAD,
+                      pad_edge=wide, collapse_padding=not wide)
+        cols = ([("name", "left"), ("family", "left"), ("group", "left"), ("params (M)", "right"), ("GMACs", "right"),
+                 ("res", "right"), ("patch", "right"), ("width/depth/heads", "right"), ("pretrained", "left")] if wide
+                else [("name (pretrained tags below)", "left"), ("Mparams", "right"), ("GMACs", "right"),
+                      ("res/patch", "right"), ("w/d/h", "right"), ("group", "left")])
+        for col, justify in cols:
+            folds = col in ("group", "family", "pretrained") or col.startswith("name (")  # numbers never break
+            longest = max(len(r["name"]) for r in rows) if col.startswith("name") else None
+            table.add_column(col, justify=justify, overflow="fold", no_wrap=not folds, min_width=longest)
         for r in rows:
             h, w = r["img_size"]
+            res = str(h) if h == w else f"{h}x{w}"
             shape = f"{r['embed_dim']}/{r['depth']}/{r['num_heads']}" if "embed_dim" in r else "-"
-            table.add_row(r["name"], r["family"], r["group"], f"{r['params_m']:.2f}",
-                          "-" if r["gmacs"] is None else f"{r['gmacs']:.2f}", str(h) if h == w else f"{h}x{w}",
-                          str(r.get("patch_size", "-")), shape, ", ".join(r["pretrained"]) or "-")
-        Console(width=max(140, Console().width)).print(table)
+            gmacs = "-" if r["gmacs"] is None else f"{r['gmacs']:.2f}"
+            if wide:
+                table.add_row(r["name"], r["family"], r["group"], f"{r['params_m']:.2f}", gmacs, res,
+                              str(r.get("patch_size", "-")), shape, ", ".join(r["pretrained"]) or "-")
+            else:
+                name = r["name"] + "".join(f"\n  .{t}" for t in r["pretrained"])
+                table.add_row(name, f"{r['params_m']:.1f}", gmacs, f"{res}/{r.get('patch_size', '-')}", shape,
+                              r["group"] if r["family"] == "vit" else r["family"])
+        con.print(table)
 
     emit(args, rows, render)
     return 0

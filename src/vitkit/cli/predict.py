@@ -18,10 +18,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..inference import predict_files
+    from ..inference import input_note, predict_files
 
     model = load_backend(args.checkpoint, args.backend)
     preds, errors = predict_files(model, args.images, args.top_k)
+    note = input_note(model, preds)
+    if note:  # once per command, on stderr: --json stdout stays pure JSON
+        print(note, file=sys.stderr)
 
     def render(d):
         rows = [(p["image"], ", ".join(f"{t['label']} {100 * t['prob']:.1f}%" for t in p["top"])) for p in d["predictions"]]

@@ -17,10 +17,13 @@ def register(sub) -> None:
                    "finetune; `--list-recipes` shows them")
     p.add_argument("--data", help="digits | fashion-mnist | FOLDER (class sub-folders) | MANIFEST.csv (path,label)")
     p.add_argument("--model", help="registered ViT name (`vitkit models`) or resnet18/34/50")
-    p.add_argument("--out", help="run folder (default runs/<recipe>-<time>)")
+    p.add_argument("--out", help="run folder (default runs/<recipe>-<time> for a preset as it is, "
+                   "runs/<data>-<model>-<time> when --data, --model or --finetune changes it)")
+    p.add_argument("--overwrite", action="store_true", help="replace the finished run in --out (refused without it)")
     p.add_argument("--epochs", type=positive_int)
     p.add_argument("--batch-size", type=positive_int)
-    p.add_argument("--lr", type=float)
+    p.add_argument("--lr", type=float, help="learning rate (a preset's own lr is refused above 1e-3 for a model "
+                   "over 20M parameters: choose one with --lr)")
     p.add_argument("--seed", type=int)
     p.add_argument("--img-size", type=int, help="train at this resolution (position embeddings are resampled)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -33,14 +36,17 @@ def register(sub) -> None:
                    help="stop cleanly after epoch N (state, checkpoints and logs saved; no summary yet); "
                    "finish later with --out RUN --resume, which reaches the same weights as an uninterrupted run")
     p.add_argument("--list-recipes", action="store_true", help="print the presets with their commands and targets")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines (the final line "
+                   "with the report path still prints)")
     add_json(p)
     p.set_defaults(func=run)
 
 
 def resolve_recipe(args):
+    """The recipe to run and the checkpoint to start from. A preset run on other data or another model
+    becomes `custom`, based on the preset (recipes.derive)."""
     from ..errors import ConfigError
-    from ..training.recipes import Recipe, get_recipe
+    from ..training.recipes import Recipe, derive, get_recipe
 
     if args.resume:
         if not args.out:
@@ -61,11 +67,37 @@ def resolve_recipe(args):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
     if "model" in changes and changes["model"] != recipe.model:
-        changes.setdefault("model_args", {})  # a preset's architecture tweaks belong to its own model
+        changes.setdefault("model_args", {})  # a preset's architecture tweaks belong to its own model,
+        changes.setdefault("threads", None)  # and so does its thread count (digits: 1 for a 0.3M model)
     recipe = recipe.replace(**changes).override(args.set)
     if not args.finetune and not recipe.model:
         raise ConfigError(f"recipe {recipe.name!r} needs --finetune CKPT or --model NAME")
-    return recipe, args.finetune
+    return derive(recipe, args.finetune), args.finetune
+
+
+def lr_given(args) -> bool:
+    """The user chose the lr (--lr or --set lr=...), rather than taking the preset's."""
+    return args.lr is not None or any(s.partition("=")[0].strip().replace("-", "_") == "lr" for s in args.set)
+
+
+def _short(text: str) -> str:
+    """A file-name-safe short name: a built-in set, a folder's or manifest's name, a model or checkpoint name."""
+    import re
+
+    name = Path(str(text).rstrip("/\\")).name or str(text)
+    for suffix in (".safetensors", ".pth", ".pt", ".bin", ".npz", ".ckpt", ".csv", ".tsv", ".txt"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._") or "run"
+
+
+def default_out(recipe, finetune: str | None) -> str:
+    """runs/<recipe>-<time> for a preset as it is; runs/<data>-<model>-<time> when it was changed."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if recipe.name != "custom" and not finetune:
+        return f"runs/{recipe.name}-{stamp}"
+    return f"runs/{_short(recipe.data)}-{_short(finetune or recipe.model)}-{stamp}"
 
 
 def canonical_command(recipe, out: str, finetune: str | None) -> str:
@@ -74,13 +106,13 @@ def canonical_command(recipe, out: str, finetune: str | None) -> str:
 
     from ..training.recipes import PRESETS
 
-    base = PRESETS.get(recipe.name)
-    parts = ["vitkit", "train", "--recipe", recipe.name] if base else ["vitkit", "train"]
+    base = PRESETS.get(recipe.based_on or recipe.name)
+    parts = ["vitkit", "train", "--recipe", base.name] if base else ["vitkit", "train"]
     if finetune:
         parts += ["--finetune", str(finetune)]
     ref = base.to_dict() if base else {}
     for key, value in recipe.to_dict().items():
-        if key in ("name", "command", "expected") or ref.get(key, object()) == value:
+        if key in ("name", "command", "expected", "based_on") or ref.get(key, object()) == value:
             continue
         text = json.dumps(value) if isinstance(value, (dict, list)) else "none" if value is None else str(value)
         parts += ["--set", f"{key}={text}"]
@@ -103,10 +135,11 @@ def run(args) -> int:
         emit(args, rows, render)
         return 0
     recipe, finetune = resolve_recipe(args)
-    out = args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out or default_out(recipe, finetune)
     summary = train(recipe, out, resume=args.resume, finetune=finetune, strict=args.strict,
                     quiet=args.quiet or args.json, stop_after_epochs=args.stop_after_epochs,
-                    command=canonical_command(recipe, out, finetune))
+                    command=canonical_command(recipe, out, finetune), overwrite=args.overwrite,
+                    lr_from_preset=not args.resume and not lr_given(args))
     if summary and args.json:
         emit(args, summary, lambda d: None)
     return 0

@@ -4,7 +4,9 @@
 - `digits`: scikit-learn's 1,797 8x8 digits (0..16 scaled to 0..255); seeded stratified 80/20 train/test;
 - `fashion-mnist`: the official 60,000 / 10,000 split (see fashion_mnist.py for where files come from);
 - a folder: one sub-folder per class, or `train/` + `val/` (+ `test/`) folders each holding class folders;
-  without a val folder a seeded, stratified fraction of train becomes the validation split;
+  without a val folder a seeded, stratified fraction of train becomes the validation split (the training
+  run asks for `default_val_fraction(spec)`, 15%, when its recipe sets no `val_fraction`; every class keeps
+  at least one image on each side, so each class needs two or more);
 - a CSV manifest `path,label` (header optional, paths relative to the CSV), split like a flat folder.
 
 Small built-in sets live in memory as uint8 tensors [N, C, H, W]; user files are decoded on access.
@@ -29,6 +31,8 @@ from ..errors import DataError, ImageError
 log = logging.getLogger("vitkit")
 
 BUILTIN = ("digits", "fashion-mnist")
+BUILTIN_ALIASES = ("digits", "fashion-mnist", "fashion_mnist", "fmnist")
+DEFAULT_VAL_FRACTION = 0.15  # user folders and manifests without a val split (see default_val_fraction)
 VAL_DIRS = ("val", "valid", "validation")
 
 
@@ -126,15 +130,17 @@ class DataBundle:
                     k: v for k, v in self.info.items() if k not in ("split_indices",)}
 
 
-def stratified_split(labels: Sequence[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Seeded per-class split -> (keep, held_out) index lists, each sorted. Every class keeps >= 1 sample."""
+def stratified_split(labels: Sequence[int], fraction: float, seed: int,
+                     min_held: int = 0) -> tuple[list[int], list[int]]:
+    """Seeded per-class split -> (keep, held_out) index lists, each sorted. Every class keeps >= 1 sample
+    and holds out at least `min_held` (when it has more than that)."""
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     keep, held = [], []
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
         rng.shuffle(idx)
-        n_held = round(len(idx) * fraction)
+        n_held = max(round(len(idx) * fraction), min_held)
         n_held = min(n_held, len(idx) - 1)
         held.extend(idx[:n_held].tolist())
         keep.extend(idx[n_held:].tolist())
@@ -160,10 +166,7 @@ def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bo
         else:
             raise DataError(f"{spec}: expected a folder of class folders or a CSV manifest (path,label)")
     if val_fraction and bundle.val is None:
-        keep, held = stratified_split(bundle.train.labels.tolist(), val_fraction, seed)
-        bundle.val, bundle.train = bundle.train.subset(held), bundle.train.subset(keep)
-        bundle.info["split_indices"] = {"val_from_train": held}
-        bundle.info["val_split"] = {"fraction": val_fraction, "seed": seed}
+        carve_val(bundle, val_fraction, seed, spec)
     if subset and subset < len(bundle.train):  # quick experiments: a seeded stratified subset of train
         keep, _ = stratified_split(bundle.train.labels.tolist(), 1 - subset / len(bundle.train), seed)
         bundle.train = bundle.train.subset(keep)
@@ -171,6 +174,30 @@ def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bo
     if len(bundle.train) == 0:
         raise DataError(f"{spec}: no training images")
     return bundle
+
+
+def default_val_fraction(spec: str) -> float:
+    """The validation fraction a training run carves when its recipe sets none: 0 for the built-in sets (they
+    have an official or seeded test split), DEFAULT_VAL_FRACTION for a user folder or manifest (used only when
+    it has no val/ folder), so the best checkpoint is chosen on held-out images rather than on training ones."""
+    return 0.0 if str(spec) in BUILTIN_ALIASES else DEFAULT_VAL_FRACTION
+
+
+def carve_val(bundle: DataBundle, fraction: float, seed: int, where: str = "") -> None:
+    """Move a seeded, stratified `fraction` of train into val (at least one image per class, and at least one
+    left to train on); the indices into the original train list are recorded in `info`."""
+    labels = bundle.train.labels.tolist()
+    counts = np.bincount(labels, minlength=bundle.num_classes)
+    few = [bundle.class_names[i] for i in np.flatnonzero(counts < 2)]
+    if few:
+        n = int(counts[bundle.class_names.index(few[0])])
+        raise DataError(f"{where or bundle.name}: class {few[0]!r}" + (f" (and {len(few) - 1} more)" if len(few) > 1
+                        else "") + f" has {n} image(s); a validation split needs at least 2 per class (1 to train "
+                        "on, 1 to validate): add images, or give train/ and val/ folders")
+    keep, held = stratified_split(labels, fraction, seed, min_held=1)
+    bundle.val, bundle.train = bundle.train.subset(held), bundle.train.subset(keep)
+    bundle.info["split_indices"] = (bundle.info.get("split_indices") or {}) | {"val_from_train": held}
+    bundle.info["val_split"] = {"fraction": fraction, "seed": seed}
 
 
 def _digits(seed: int) -> DataBundle:

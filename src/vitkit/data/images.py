@@ -11,6 +11,8 @@ Every image file goes through `load_image`: it returns a fully decoded 'RGB' (or
 - CMYK uses the embedded ICC profile when there is one (Pillow's plain CMYK->RGB otherwise);
 - EPS is refused (Pillow would run Ghostscript on it);
 - EXIF orientation is applied; animated GIF/WebP/APNG give their first frame;
+- the file's own size and mode stay readable after conversion (`image_source`), so a caller can say what
+  an image became;
 - a declared size above `MAX_PIXELS` (or the `max_pixels` argument) is refused from the header alone,
   before any pixel memory is allocated; truncated files are errors (we never set LOAD_TRUNCATED_IMAGES).
 """
@@ -37,6 +39,8 @@ IMAGE_EXTENSIONS = frozenset(ext.lower() for ext, fmt in Image.registered_extens
 _FORMATS = tuple(fmt for fmt in Image.OPEN if fmt not in _REFUSED_FORMATS)
 
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+_GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
+SOURCE_INFO = "vitkit.source"  # key in a loaded image's .info: (width, height, mode) as read from the file
 
 
 def is_image_file(path: str | os.PathLike) -> bool:
@@ -74,7 +78,10 @@ def load_image(path: str | os.PathLike, channels: int = 3, max_pixels: int | Non
                 img.seek(0)  # first frame of animations
                 img.load()  # force the full decode now: truncation and corrupt data surface here
                 img = ImageOps.exif_transpose(img)
-                return _to_mode(img, channels, path)
+                source = (img.width, img.height, img.mode)
+                out = _to_mode(img, channels, path)
+                out.info[SOURCE_INFO] = source
+                return out
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
@@ -87,6 +94,17 @@ def load_image(path: str | os.PathLike, channels: int = 3, max_pixels: int | Non
         raise ImageError(f"{path}: out of memory while decoding (image too large or corrupt)") from None
     except Exception as e:  # noqa: BLE001  corrupt data raises many types inside Pillow's plugins
         raise ImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {_one_line(e)})") from None
+
+
+def image_source(img: Image.Image) -> tuple[int, int, int, str] | None:
+    """What a `load_image` result was in its file, before conversion: (width, height, channels, mode),
+    channels 1 for gray modes ('L', '1', 'I;16', 'F', 'LA', ...) and 3 for colour ones; None for an image
+    that did not come from `load_image`."""
+    src = img.info.get(SOURCE_INFO)
+    if not src:
+        return None
+    w, h, mode = src
+    return int(w), int(h), (1 if mode in _GRAY_MODES else 3), str(mode)
 
 
 def load_tensor(path: str | os.PathLike, channels: int = 3, max_pixels: int | None = None):

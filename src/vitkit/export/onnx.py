@@ -117,8 +117,8 @@ def export_onnx(
         raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     bilinear = {"pos_interpolation": "bilinear", "pos_antialias": False} if dynamic_size and has_pos else {}
     meta = {"family": model.family, "config": cfg.to_dict() | bilinear,
-            "preprocess": model.preprocess.to_dict(), "class_names": getattr(model, "class_names", None),
-            "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size}
+            "preprocess": model.preprocess.to_dict(), "class_names": model.class_names,
+            "provenance": model.provenance, "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size}
     program.model.metadata_props[META_KEY] = json.dumps(meta)
     program.save(path)
 
@@ -168,6 +168,7 @@ class OnnxRunner:
         self.cfg = family.config.from_dict(meta["config"]) if "config" in meta else None
         self.preprocess = Preprocess.from_dict(meta["preprocess"]) if meta.get("preprocess") else None
         self.class_names = meta.get("class_names")
+        self.provenance = dict(meta.get("provenance") or {})  # what the model was trained on (eval reads it)
         out_shape = self.session.get_outputs()[0].shape
         self.num_classes = self.cfg.num_classes if self.cfg else out_shape[-1]
 

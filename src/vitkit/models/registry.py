@@ -110,7 +110,9 @@ def get_entry(name: str) -> ModelEntry:
     """The entry for a name; a pretrained tag after a dot ('vit_base_patch16_224.augreg_in21k') is ignored."""
     base = name.split(".", 1)[0]
     if base not in _REGISTRY:
-        close = [n for n in _REGISTRY if base.split("_")[0] in n][:5]
+        import difflib
+
+        close = difflib.get_close_matches(base, list(_REGISTRY), n=5, cutoff=0.6)  # most similar first
         hint = f"; similar: {', '.join(close)}" if close else ""
         raise ConfigError(f"unknown model {name!r} (see `vitkit models`){hint}")
     return _REGISTRY[base]

@@ -6,6 +6,7 @@ state when a run resumes after a kill.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,11 @@ from .state import load_state, save_state
 
 class TrainingError(VitkitError):
     """Training stopped on purpose: a diverged loss, or a checkpoint that could not be written."""
+
+
+# what a run writes into its folder (a fresh run replaces these; other files there are left alone)
+RUN_FILES = ("config.json", "metrics.jsonl", "steps.jsonl", "state.safetensors", "last.safetensors",
+             "best.safetensors", "summary.json", "report.md", "curves.png", "confusion.png")
 
 
 def _write_errors() -> tuple[type[BaseException], ...]:
@@ -60,20 +66,45 @@ def provenance(recipe, dataset: str, epoch: int, split: str, metrics: dict[str, 
 
     scores = {f"{split}_{k}": round(v, 3) for k, v in metrics.items()
               if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("loss", "score")}
-    return {"recipe": recipe.name, "dataset": dataset, "epochs": epoch, "accuracy": scores, "command": command,
-            "vitkit": __version__, "ema": recipe.ema, "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    based_on = {"based_on": recipe.based_on} if getattr(recipe, "based_on", "") else {}
+    # seed and val_fraction let `vitkit eval --split val` carve the same validation split again
+    arch_args = {"model_args": dict(recipe.model_args)} if recipe.model_args else {}
+    return {"recipe": recipe.name, **based_on, "dataset": dataset, "seed": recipe.seed,
+            "val_fraction": recipe.val_fraction, **arch_args, "epochs": epoch, "accuracy": scores,
+            "command": command, "vitkit": __version__, "ema": recipe.ema, "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.created = False  # this run made the folder (so `discard` may remove it)
+
+    def finished(self) -> bool:
+        """A completed run is here (summary.json with status done)."""
+        try:
+            return json.loads((self.path / "summary.json").read_text()).get("status") == "done"
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def start(self, config: dict[str, Any]) -> None:
-        """A fresh run: config.json and empty logs."""
+        """A fresh run: a previous run's files go (other files in the folder stay), then config.json and empty
+        logs."""
+        self.created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
         atomic_write_text(self.path / "config.json", json.dumps(config, indent=2, default=str))
         atomic_write_text(self.path / "metrics.jsonl", "")
         atomic_write_text(self.path / "steps.jsonl", "")
+
+    def discard(self) -> None:
+        """Undo `start` after a failure before the first optimiser step: the folder goes if this run made it;
+        a folder that was there before keeps everything but this run's files."""
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
 
     def reconcile(self, history: list[dict[str, Any]], step: int) -> None:
         """A killed run may have flushed step lines past its saved state, or saved a state before writing

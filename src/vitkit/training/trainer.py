@@ -20,35 +20,51 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..data.datasets import DataBundle, Transformed, load_data
+from ..data.datasets import DataBundle, Transformed, default_val_fraction, load_data
 from ..data.transforms import eval_transform, train_transform
+from ..errors import ConfigError
 from ..runtime import torch_threads
 from . import models as model_io
 from .distributed import Interrupt, all_mean, all_mean_grads, barrier, setup_distributed, teardown
 from .optim import lr_factor, make_ema, param_groups
 from .order import epoch_batches, step_seed
-from .recipes import Recipe
+from .recipes import Recipe, check_preset_lr, derive
 from .rundir import RunDir, TrainingError, provenance, run_config
 from .tasks import loggable, make_task, to_device
 
-__all__ = ["Trainer", "TrainingError", "train"]
+__all__ = ["Interrupted", "Trainer", "TrainingError", "train"]
+
+# on a CPU, a model that reads images this large (per side) gets a cost estimate and an ETA before it trains
+HEAVY_SIDE = 224
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, handled: the state is saved and the main process has printed how to resume (`reported`, so
+    the command line adds no second message)."""
+
+    reported = True
 
 
 class Trainer:
     def __init__(self, recipe: Recipe, out: str | os.PathLike, *, resume: bool = False, finetune: str | None = None,
                  strict: bool = False, quiet: bool = False, stop_after_epochs: int | None = None,
-                 command: str | None = None):
-        self.recipe, self.out, self.resume, self.finetune = recipe, Path(out), resume, finetune
+                 command: str | None = None, overwrite: bool = False, lr_from_preset: bool = False):
+        """`overwrite`: replace a finished run in `out` (refused otherwise). `lr_from_preset`: the lr was not
+        chosen for this model (no --lr): refuse it when too high for a large model (recipes.check_preset_lr)."""
+        self.recipe, self.out, self.resume, self.finetune = derive(recipe, finetune), Path(out), resume, finetune
         self.strict, self.quiet, self.stop_after_epochs = strict, quiet, stop_after_epochs
+        self.overwrite, self.lr_from_preset = overwrite, lr_from_preset
+        self.committed = False  # the first optimiser step ran: from here on a failure keeps the run folder
         self.command = command or " ".join(shlex.quote(a) for a in ["vitkit", *sys.argv[1:]])
         self.d = setup_distributed()
         self.device = torch.device(f"cuda:{self.d.local_rank}" if torch.cuda.is_available() else "cpu")
         self.run_dir = RunDir(self.out)
 
-    def _console(self):
+    def _console(self, always: bool = False):
+        """stderr on the main process; silent with `quiet` unless `always` (the run's final line)."""
         from rich.console import Console
 
-        return Console(stderr=True, quiet=self.quiet or not self.d.main)
+        return Console(stderr=True, quiet=(self.quiet and not always) or not self.d.main)
 
     def _threads(self) -> int | None:
         if self.recipe.threads:
@@ -61,9 +77,17 @@ class Trainer:
     def setup(self) -> None:
         r, d = self.recipe, self.d
         torch.manual_seed(r.seed)
-        self.data: DataBundle = load_data(r.data, seed=r.seed, val_fraction=r.val_fraction, strict=self.strict,
+        # a folder or manifest without a val split gets one carved from train (recorded in the recipe and in
+        # config.json's data.split_indices), so the best checkpoint is chosen on images it did not train on
+        val_fraction = r.val_fraction or default_val_fraction(r.data)
+        self.data: DataBundle = load_data(r.data, seed=r.seed, val_fraction=val_fraction, strict=self.strict,
                                           subset=r.train_subset)
+        if val_fraction != r.val_fraction and "val_split" in self.data.info:
+            self.data.info["val_split"]["auto"] = True
+            self.recipe = r = r.replace(val_fraction=val_fraction)
         self.model = model_io.build(r, self.data.num_classes, self.data.channels, self.data.image_size, self.finetune)
+        if self.lr_from_preset and not self.resume:
+            check_preset_lr(r, sum(p.numel() for p in self.model.parameters()), self._model_name())
         self.model.class_names = self.data.class_names
         self.data.set_channels(model_io.in_chans(self.model))
         self.model.to(self.device)
@@ -130,22 +154,38 @@ class Trainer:
             return self._run()
 
     def _run(self) -> dict[str, Any]:
-        self.setup()
+        if not self.resume and not self.overwrite and self.run_dir.finished():
+            raise ConfigError(f"{self.out} holds a finished run (summary.json: done); pass --overwrite to replace "
+                              "it, or choose another --out")
+        self.setup()  # data and model first: a setup error leaves no run folder behind
+        if self.d.main and not self.resume:
+            self.run_dir.start(run_config(self.recipe, self.data, self.model, command=self.command, finetune=self.finetune,
+                                          world=self.d.world, device=self.device))
+        try:
+            return self._train()
+        except BaseException:
+            if self.d.main and not self.resume and not self.committed:  # nothing trained: no half-written folder
+                self.run_dir.discard()
+            raise
+
+    def _train(self) -> dict[str, Any]:
         r = self.recipe
-        if self.d.main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            if not self.resume:
-                self.run_dir.start(run_config(self.recipe, self.data, self.model, command=self.command, finetune=self.finetune,
-                                              world=self.d.world, device=self.device))
         barrier(self.d)
         console = self._console()
         if self.d.main and not self.resume:
             params = sum(p.numel() for p in self.model.parameters())
-            console.print(f"[bold]vitkit train[/] recipe {r.name}: {self._model_name()} ({params / 1e6:.2f}M params) on "
-                          f"{self.data.name} ({len(self.data.train)} train / {len(self.eval_set)} {self.eval_split}), "
-                          f"{r.epochs} epochs x {self.steps_per_epoch} steps, {self.d.world} process(es), {self.device}")
+            name = r.name + (f" (based on {r.based_on})" if r.based_on else "")
+            vs = self.data.info.get("val_split") or {}
+            held = f", {vs['fraction']:.0%} of train held out" if vs.get("auto") else ""
+            console.print(f"[bold]vitkit train[/] recipe {name}: {self._model_name()} ({params / 1e6:.2f}M params) on "
+                          f"{self.data.name} ({len(self.data.train)} train / {len(self.eval_set)} {self.eval_split}"
+                          f"{held}), {r.epochs} epochs x {self.steps_per_epoch} steps, {self.d.world} process(es), "
+                          f"{self.device}", soft_wrap=True)
             if self.data.info.get("num_skipped"):
                 console.print(f"[yellow]skipped {self.data.info['num_skipped']} unreadable image(s)[/] (listed in config.json)")
+        self.eta_pending = self.d.main and self._heavy()
+        if self.eta_pending:
+            self._print_cost(console)
         with Interrupt() as interrupt, self._progress(console) as progress:
             bar = progress.add_task("train", total=self.total_steps, completed=self.step, loss=float("nan"), lr=0.0, ips=0.0)
             while self.epoch < r.epochs:
@@ -153,9 +193,30 @@ class Trainer:
                 self._end_epoch(console)
                 if self.stop_after_epochs and self.stop_after_epochs <= self.epoch < r.epochs:
                     if self.d.main:
-                        console.print(f"stopped after epoch {self.epoch} as asked; continue with --resume")
+                        self._console(always=True).print(
+                            f"stopped after epoch {self.epoch} as asked; continue with `vitkit train --out "
+                            f"{self.out} --resume`", soft_wrap=True)
                     return {"status": "stopped", "epoch": self.epoch, "out": str(self.out)}
         return self._finish(console)
+
+    def _heavy(self) -> bool:
+        """Training on a CPU at HEAVY_SIDE px and up: worth a cost estimate and an ETA."""
+        return self.device.type == "cpu" and min(self.model.preprocess.input_size[1:]) >= HEAVY_SIDE
+
+    def _print_cost(self, console) -> None:
+        """The closed-form cost (families that have one): GMACs per image, parameters, activation memory."""
+        from ..models import get_family
+
+        if get_family(self.model.family).cost is None:
+            return
+        from ..analysis.cost import format_bytes, model_cost
+
+        r = self.recipe
+        micro = max(1, r.batch_size // r.accum_steps // self.d.world)
+        c = model_cost(self.model, batch=micro, dtype="bf16" if r.bf16 else "fp32")
+        console.print(f"cost: {c.gmacs_per_image:.2f} GMACs per image forward (about 3x to train), "
+                      f"{c.params_total / 1e6:.2f}M params, {format_bytes(c.activation_bytes)} of activations "
+                      f"for a batch of {micro} ({c.dtype}); an ETA follows the first step", soft_wrap=True)
 
     def _model_name(self) -> str:
         return self.recipe.model if not self.finetune else f"{self.model.provenance.get('arch') or 'model'} from {self.finetune}"
@@ -213,8 +274,16 @@ class Trainer:
             p["loss_sum"], p["count"] = p["loss_sum"] + mean_loss, p["count"] + 1
             p["seen"], p["time"] = p["seen"] + n_img * d.world, p["time"] + now - t_last
             self.step_log.append({"step": self.step, "loss": mean_loss, "lr": lr})
+            self.committed = True
             progress.update(bar, advance=1, loss=mean_loss, lr=lr, ips=n_img * d.world / max(now - t_last, 1e-9),
                             description=f"epoch {self.epoch + 1}/{r.epochs}")
+            if self.eta_pending:
+                self.eta_pending = False
+                left = self.total_steps - self.step
+                if left:
+                        progress.console.print(f"first step {now - t_last:.2f} s: about "
+                                           f"{_duration(left * (now - t_last))} for the {left} steps left "
+                                           "(evaluation not included)", soft_wrap=True)
             t_last = now
             if stop:
                 self._flush_steps()
@@ -224,12 +293,13 @@ class Trainer:
                     print(f"vitkit train: interrupted at epoch {self.epoch + 1}, step {self.step}: saved a resumable "
                           f"state to {self.out / 'state.safetensors'}; continue with "
                           f"`vitkit train --out {self.out} --resume`", file=sys.stderr, flush=True)
-                raise KeyboardInterrupt
+                raise Interrupted
 
     def _diverged(self, value: float) -> None:
         last = self.out / "last.safetensors"
         keep = f"the last good checkpoint is {last} (epoch {self.epoch})" if last.exists() and self.epoch else \
             "no checkpoint had been saved yet"
+        self.committed = True  # a result: the folder says what happened
         if self.d.main:
             self.run_dir.write_summary({"status": "diverged", "step": self.step + 1, "epoch": self.epoch + 1,
                                         "loss": str(value)})
@@ -292,11 +362,13 @@ class Trainer:
             seen = sum(h["img_per_s"] * h["train_time_s"] for h in self.history)
             train_time = sum(h["train_time_s"] for h in self.history)
             summary = {
-                "status": "done", "out": str(self.out), "recipe": r.name, "model": self._model_name(),
+                "status": "done", "out": str(self.out), "recipe": r.name,
+                **({"based_on": r.based_on} if r.based_on else {}), "model": self._model_name(),
                 "data": self.data.name, "command": self.command, "epochs": self.history[-1]["epoch"],
                 "steps": self.step, "final": {"split": final_split} | loggable(res), "best": dict(self.best),
                 "wall_time_s": wall, "train_time_s": train_time, "img_per_s": seen / max(train_time, 1e-9),
-                "world_size": self.d.world, "ema": r.ema, "expected": r.expected,
+                "world_size": self.d.world, "ema": r.ema,
+                **({"expected": r.expected} if r.expected else {}),  # a preset's own target, only on its own run
                 "skipped_images": self.data.info.get("num_skipped", 0),
             }
             if self.eval_split == "val" and self.test_set is not None:  # the best-on-val model, on test
@@ -305,10 +377,20 @@ class Trainer:
             described = f"{final_split} {self.task.describe(res)}"
             report = self.run_dir.report(summary, self.history, res, self.data.class_names, described)
             summary["report"] = str(report)
-            console.print(f"[bold green]done[/]: final {described} after {summary['epochs']} epochs in {wall:.0f} s; "
-                          f"report: {report}")
+            self._console(always=True).print(  # also with --quiet: the one line that says where the result is
+                f"[bold green]done[/]: final {described} after {summary['epochs']} epochs in {wall:.0f} s; "
+                f"report: {report}", soft_wrap=True)
         barrier(self.d)
         return summary
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def train(recipe: Recipe, out: str | os.PathLike, **kw) -> dict[str, Any]:

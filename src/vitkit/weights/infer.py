@@ -20,7 +20,7 @@ def default_heads(width: int) -> int:
     return _HEADS.get(width, max(1, width // 64))
 
 
-def infer_config(sd: StateDict, hints: dict | None = None) -> ViTConfig:
+def infer_config(sd: StateDict, hints: dict | None = None, source: str = "the checkpoint") -> ViTConfig:
     hints = dict(hints or {})
     w = sd.get("patch_embed.proj.weight")
     if w is None or w.ndim != 4:
@@ -74,8 +74,11 @@ def infer_config(sd: StateDict, hints: dict | None = None) -> ViTConfig:
                     f"pos_embed has {grid_rows} grid rows, not a square grid; pass the model name or img_size")
             kw["img_size"] = side * P
     if hints.get("num_heads") is None:
-        log.warning("the checkpoint does not record its number of attention heads: assuming %d for width %d "
-                    "(pass num_heads=... or --model NAME if it differs)", default_heads(D), D)
+        from .notes import note_once
+
+        note_once(f"{source} does not record its number of attention heads: assuming {default_heads(D)} for width "
+                  f"{D}; if that is wrong, convert it once with `vitkit convert {source} OUT.safetensors --model "
+                  "NAME` (a registered name, `vitkit models`) and use OUT (in Python: load_model(..., num_heads=N))")
     kw["num_heads"] = hints.pop("num_heads", None) or default_heads(D)
     kw.update(hints)
     return ViTConfig(**kw)

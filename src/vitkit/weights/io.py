@@ -97,8 +97,14 @@ def read_npz(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 BUNDLED = {"fashion-mnist": "vit_fashion_mnist.safetensors"}  # shipped inside the package (assets/)
 
 
+HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
+                   "open_clip_pytorch_model.bin", "model.npz")
+RUN_CHECKPOINTS = ("best.safetensors", "last.safetensors")  # a `vitkit train` run folder, best first
+
+
 def resolve_path(path: str | os.PathLike) -> Path:
-    """`bundled:NAME` -> the checkpoint shipped with vitkit; anything else is a filesystem path."""
+    """`bundled:NAME` -> the checkpoint shipped with vitkit; a `vitkit train` run folder -> its
+    best.safetensors (else last.safetensors), said once on stderr; anything else is a filesystem path."""
     text = str(path)
     if text.startswith("bundled:"):
         name = text[len("bundled:"):]
@@ -106,7 +112,43 @@ def resolve_path(path: str | os.PathLike) -> Path:
             raise CheckpointError(f"no bundled checkpoint {name!r}; vitkit ships: "
                                   + ", ".join(f"bundled:{n}" for n in BUNDLED))
         return Path(__file__).resolve().parents[1] / "assets" / BUNDLED[name]
-    return Path(path)
+    p = Path(path)
+    if p.is_dir() and not any((p / n).exists() for n in HF_WEIGHT_FILES):
+        for name in RUN_CHECKPOINTS:
+            if (p / name).is_file():
+                from .notes import note_once
+
+                note_once(f"{p} is a run folder: using {p / name}")
+                return p / name
+    return p
+
+
+# The first bytes of the image formats people pass by mistake where a checkpoint goes.
+_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+                (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+
+
+def image_kind(head: bytes) -> str | None:
+    """'PNG', 'JPEG', ... when `head` (a file's first 12 bytes) starts an image file, else None."""
+    if head[8:9] == b"{":  # a safetensors header (8-byte length, then JSON) can start with any bytes
+        return None
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WebP"
+    if head[:2] == b"BM" and head[6:10] != b"\0\0\0\0":  # BMP's reserved bytes are zero
+        return None
+    return next((kind for magic, kind in _IMAGE_MAGIC if head.startswith(magic)), None)
+
+
+def _check_kind(path: Path, head: bytes) -> None:
+    """Files that are not checkpoints at all, named for what they are (not a generic "unreadable")."""
+    kind = image_kind(head)
+    if kind is not None:
+        raise CheckpointError(f"{path} is an image, not a checkpoint ({kind} data): give the model first "
+                              "(a .safetensors/.pth file, a run folder or a pretrained name), then the images")
+    if path.suffix.lower() == ".onnx":
+        raise CheckpointError(f"{path} is an ONNX model, not a checkpoint: `vitkit predict` and `vitkit eval` run it "
+                              "(they pick --backend onnx for .onnx files); other commands need the checkpoint it "
+                              "was exported from")
 
 
 def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], dict[str, Any] | None]:
@@ -117,13 +159,13 @@ def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], d
     hf_config = None
     if path.is_dir():
         cfg_file = path / "config.json"
-        for name in ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
-                     "open_clip_pytorch_model.bin", "model.npz"):
+        for name in HF_WEIGHT_FILES:
             if (path / name).exists():
                 weights = path / name
                 break
         else:
-            raise CheckpointError(f"{path}: a directory without model.safetensors / pytorch_model.bin / model.npz")
+            raise CheckpointError(f"{path}: a directory without model.safetensors / pytorch_model.bin / model.npz "
+                                  "(an HF model folder) or best.safetensors / last.safetensors (a run folder)")
         if cfg_file.exists():
             try:
                 hf_config = json.loads(cfg_file.read_text())
@@ -139,7 +181,8 @@ def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], d
         return sd, meta, hf_config
     _check_file(path)
     with open(path, "rb") as f:
-        head = f.read(9)
+        head = f.read(12)
+    _check_kind(path, head)
     if head[:4] == b"PK\x03\x04":  # a zip: numpy's .npz or torch's zip-pickle
         try:
             with zipfile.ZipFile(path) as z:
@@ -149,7 +192,7 @@ def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str], d
         if not is_torch:
             return read_npz(path), {}, None
         return read_torch(path), {}, None
-    if path.suffix.lower() == ".safetensors" or (len(head) == 9 and head[8:9] == b"{"):
+    if path.suffix.lower() == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{"):
         sd, meta = read_safetensors(path)
         return sd, meta, None
     return read_torch(path), {}, None
