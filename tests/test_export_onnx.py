@@ -147,3 +147,59 @@ def test_export_cli_int8_reports_speedup_and_top1_change(trained, tmp_path, caps
     assert q["speedup_vs_fp32_onnx"] > 0 and q["accuracy"]["count"] == 150
     top1 = q["accuracy"]["top1"]
     assert top1["pytorch"] > 70 and q["top1_change_points"] == pytest.approx(top1["int8"] - top1["pytorch"])
+
+
+def test_int8_warning_rule():
+    from vitkit.bench import int8_warning
+
+    ok = {"path": "/x/m.int8.onnx", "speedup_vs_fp32_onnx": 1.5, "top1_change_points": -0.5, "eval_data": "digits"}
+    assert int8_warning(ok) is None  # a drop of exactly 0.5 points is still fine
+    assert int8_warning(ok | {"top1_change_points": 0.8}) is None  # int8 scoring higher is no reason to warn
+    assert int8_warning({"path": "m.int8.onnx", "speedup_vs_fp32_onnx": 1.2}) is None  # no eval data: speed only
+    drop = int8_warning(ok | {"top1_change_points": -0.67})
+    assert drop == ("warning: int8 model m.int8.onnx: top-1 drops 0.67 points on digits (more than 0.5); "
+                    "consider shipping the fp32 model")
+    slow = int8_warning(ok | {"speedup_vs_fp32_onnx": 1.19})
+    assert "only 1.19x the speed of the fp32 ONNX model (under 1.2x)" in slow and "top-1" not in slow
+    both = int8_warning(ok | {"speedup_vs_fp32_onnx": 0.9, "top1_change_points": -2.0})
+    assert "\n" not in both and "drops 2.00 points" in both and "only 0.90x" in both
+    assert int8_warning(ok | {"top1_change_points": -2.0}, max_drop=3.0) is None
+    assert int8_warning(ok, min_speedup=2.0).startswith("warning: int8 model m.int8.onnx: only 1.50x")
+
+
+def test_export_cli_int8_warning_is_one_stderr_line(trained, tmp_path, capsys):
+    """Thresholds a measurement cannot meet (1000x) always warn; ones it always meets never do: no timing
+    assertion either way. stdout stays JSON; the warning is also in the report."""
+    ckpt = vitkit.save_model(trained[0], tmp_path / "pico.safetensors")
+    base = ["export", str(ckpt), "--onnx", str(tmp_path / "w.onnx"), "--int8", "--eval-data", "digits",
+            "--eval-limit", "100", "--json"]
+    assert main(base + ["--int8-min-speedup", "1000"]) == 0
+    captured = capsys.readouterr()
+    q = json.loads(captured.out)["int8"]
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == q["warning"]
+    assert lines[0].startswith("warning: int8 model w.int8.onnx: only ") and "(under 1000x)" in lines[0]
+    assert main(base + ["--int8-min-speedup", "0", "--int8-max-drop", "100"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and json.loads(captured.out)["int8"]["warning"] is None
+    rc = main(["export", str(ckpt), "--onnx", str(tmp_path / "n.onnx"), "--int8-min-speedup", "2"])
+    assert rc == 2 and "only apply with --int8" in capsys.readouterr().err
+
+
+def test_export_cli_int8_of_the_bundled_model_warns_exactly_when_measured_limits_are_crossed(tmp_path, capsys):
+    from vitkit.bench import INT8_MAX_DROP_POINTS, INT8_MIN_SPEEDUP, int8_warning
+    from vitkit.data import fashion_mnist
+
+    if fashion_mnist.find_local() is None:
+        pytest.skip("Fashion-MNIST not installed")
+    assert main(["export", "bundled:fashion-mnist", "--onnx", str(tmp_path / "b.onnx"), "--int8",
+                 "--eval-data", "fashion-mnist", "--eval-limit", "300", "--json"]) == 0
+    captured = capsys.readouterr()
+    q = json.loads(captured.out)["int8"]
+    assert q["accuracy"]["count"] == 300 and q["accuracy"]["top1"]["pytorch"] > 85
+    drop, speedup = -q["top1_change_points"], q["speedup_vs_fp32_onnx"]
+    crossed = drop > INT8_MAX_DROP_POINTS or speedup < INT8_MIN_SPEEDUP
+    assert captured.err.strip().splitlines() == ([q["warning"]] if crossed else [])
+    assert ("top-1 drops" in (q["warning"] or "")) == (drop > INT8_MAX_DROP_POINTS)
+    if drop > 0:  # the measured drop, against a limit just under it
+        assert f"top-1 drops {drop:.2f} points on fashion-mnist" in int8_warning(q, max_drop=drop - 0.01)
