@@ -365,11 +365,16 @@ class VisionTransformer(nn.Module):
             return logits, dist
         return (logits + dist) / 2  # DeiT inference: average the class and distillation heads
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False, *, pos: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, return_attn: bool = False, *, keep: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, pos: torch.Tensor | None = None, features: bool = False):
+        """Logits (with `return_attn`, also the attention maps). `features=True` returns the normalised tokens
+        of `forward_features` instead: objectives that train on tokens (MAE, DINOv2) call the model this way,
+        so a DDP-wrapped or compiled model works the same. `keep`, `mask`, `pos`: see `prepare_tokens`."""
         if return_attn:
-            feats, attns = self.forward_features(x, return_attn=True, pos=pos)
-            return self.forward_head(feats), attns
-        return self.forward_head(self.forward_features(x, pos=pos))
+            feats, attns = self.forward_features(x, return_attn=True, keep=keep, mask=mask, pos=pos)
+            return (feats if features else self.forward_head(feats)), attns
+        feats = self.forward_features(x, keep=keep, mask=mask, pos=pos)
+        return feats if features else self.forward_head(feats)
 
     def forward_intermediates(
         self,

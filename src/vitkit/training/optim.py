@@ -112,6 +112,11 @@ def make_ema(model: nn.Module, decay: float):
         # warm-up of the decay (as timm's ModelEmaV3): early weights are not frozen in for thousands of steps
         n = float(num_averaged)
         d = min(decay, (1 + n) / (10 + n))
-        torch._foreach_lerp_(ema_params, params, 1 - d)
+        floats = [(e, p) for e, p in zip(ema_params, params) if e.is_floating_point()]
+        if floats:
+            torch._foreach_lerp_([e for e, _ in floats], [p for _, p in floats], 1 - d)
+        for e, p in zip(ema_params, params):  # counters (BatchNorm's num_batches_tracked) are copied
+            if not e.is_floating_point():
+                e.copy_(p)
 
     return AveragedModel(model, multi_avg_fn=ema_update, use_buffers=True)

@@ -23,6 +23,7 @@ class Recipe(JsonConfig):
     name: str = "custom"
     command: str = ""  # the command that runs this recipe
     expected: str = ""  # the result it should reach
+    based_on: str = ""  # a preset applied to other data or another model: "custom", based on this preset
     # data
     data: str = "digits"
     val_fraction: float = 0.0  # >0: carve a seeded validation split out of train (best checkpoint chosen on it)
@@ -71,6 +72,7 @@ class Recipe(JsonConfig):
     eval_batch_size: int = 512
     # objective
     task: str = "classification"  # the training objective: a name in training.tasks.TASKS
+    task_args: dict = field(default_factory=dict)  # the objective's options: --set task.teacher=CKPT
 
     _retired = ("inject_nan_step",)  # fields of older versions: dropped when an old run's config.json is read
 
@@ -111,6 +113,9 @@ class Recipe(JsonConfig):
                 raise ConfigError(f"--set expects key=value, got {item!r}")
             if key.startswith("model."):  # architecture override: --set model.embed_dim=128
                 changes.setdefault("model_args", dict(self.model_args))[key[6:]] = _auto(text)
+                continue
+            if key.startswith("task."):  # objective option: --set task.alpha=0.5
+                changes.setdefault("task_args", dict(self.task_args))[key[5:]] = _auto(text)
                 continue
             if key not in types_:
                 close = [n for n in types_ if key.split("_")[0] in n][:6]
@@ -228,6 +233,40 @@ _preset(Recipe(
     warmup_epochs=1, weight_decay=0.05, label_smoothing=0.1, crop="rrc", crop_scale=0.5, hflip=0.0,
     drop_path_rate=0.1, ema=False, bf16=True,
 ))
+
+
+# A preset's lr was tuned for its own small model. A model above LARGE_MODEL_PARAMS parameters (ViT-S/16 and
+# up, ResNet-50) trained with AdamW above MAX_PRESET_LR_LARGE diverges or stalls, so a run that takes such an lr
+# from a preset (no --lr / --set lr) is refused before it starts (Trainer(..., lr_from_preset=True)).
+LARGE_MODEL_PARAMS = 20_000_000
+MAX_PRESET_LR_LARGE = 1e-3
+
+
+def check_preset_lr(recipe: Recipe, params: int, model_name: str) -> None:
+    """Refuse a preset's lr that is too high for a large model (see LARGE_MODEL_PARAMS)."""
+    if params > LARGE_MODEL_PARAMS and recipe.lr > MAX_PRESET_LR_LARGE:
+        preset = recipe.based_on or recipe.name
+        raise ConfigError(f"lr {recipe.lr:g} comes from the {preset!r} preset (tuned for its small model); "
+                          f"{model_name} has {params / 1e6:.0f}M parameters, and above "
+                          f"{LARGE_MODEL_PARAMS / 1e6:.0f}M vitkit takes no preset lr over {MAX_PRESET_LR_LARGE:g}: "
+                          "choose one with --lr (e.g. --lr 5e-4 from scratch, 1e-5 to fine-tune)")
+
+
+def is_bound(preset: Recipe) -> bool:
+    """A preset whose target was measured on its own data and model (every preset but `finetune`, which
+    adapts any checkpoint to any data)."""
+    return bool(preset.model)
+
+
+def derive(recipe: Recipe, finetune: str | None = None) -> Recipe:
+    """A bound preset run on other data or another model (or from a checkpoint) is no longer that preset: it
+    becomes `custom`, `based_on` the preset, without the preset's command and target text."""
+    base = PRESETS.get(recipe.name)
+    if base is None or not is_bound(base):
+        return recipe
+    if recipe.data == base.data and recipe.model == base.model and not finetune:
+        return recipe
+    return recipe.replace(name="custom", based_on=base.name, command="", expected="")
 
 
 def get_recipe(name: str) -> Recipe:

@@ -3,9 +3,8 @@
     out = task(batch)                               # batch: what the DataLoader yields, on the device
     (out["loss"] / accum_steps).backward()
 
-and per epoch `task.evaluate(model, loader)`, whose "score" picks best.safetensors. Today's objective is
-`ClassificationTask`; a recipe's `task` field picks one from `TASKS`. timm's `timm/task` (TrainingTask) is the
-precedent: the objective is an object that wraps the (possibly DDP-wrapped) model.
+and per epoch `task.evaluate(model, loader)`, whose "score" picks best.safetensors. timm's `timm/task`
+(TrainingTask) is the precedent: the objective is an object that wraps the (possibly DDP-wrapped) model.
 """
 from __future__ import annotations
 
@@ -13,10 +12,9 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 class Task:
@@ -75,44 +73,6 @@ class Task:
         return text + (f" (raw score {raw['score']:.4g})" if raw else "")
 
 
-class ClassificationTask(Task):
-    """Cross-entropy with label smoothing, in fp32 on the logits; MixUp/CutMix soft targets
-    (data.transforms.batch_mixer), switched off for the last `mix_off_epochs` epochs."""
-
-    def __init__(self, recipe, **kw):
-        super().__init__(recipe, **kw)
-        from ..data.transforms import batch_mixer
-
-        self.mixer = batch_mixer(recipe, self.num_classes)
-        self.mixing = self.mixer is not None
-
-    def on_epoch_start(self, epoch: int) -> None:
-        self.mixing = self.mixer is not None and epoch < self.recipe.epochs - self.recipe.mix_off_epochs
-
-    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """logits [B, K]; target [B] class indices or [B, K] soft targets."""
-        return F.cross_entropy(logits.float(), target, label_smoothing=self.recipe.label_smoothing)
-
-    def __call__(self, batch) -> dict[str, Any]:
-        x, y = batch
-        if self.mixing:
-            x, y = self.mixer(x, y)  # y: [B, K] soft targets
-        with self.autocast():
-            logits = self.net(x)
-        return {"loss": self.loss(logits, y), "logits": logits, "target": y, "batch_size": len(x)}
-
-    def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
-        from .evaluate import evaluate
-
-        res = evaluate(model, loader, self.num_classes, self.device, self.recipe.bf16)
-        return {"top1": res["top1"], "top5": res["top5"], "loss": res["loss"], "score": res["top1"],
-                "confusion": res["confusion"]}
-
-    def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
-        extra = f" (raw {raw['top1']:.2f})" if raw else ""
-        return f"top-1 {metrics['top1']:.2f}%{extra} top-5 {metrics['top5']:.2f}%"
-
-
 def loggable(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """The loggable metrics of a task's evaluation (numbers; "score" is kept apart: it picks the best)."""
     return {prefix + k: v for k, v in metrics.items()
@@ -128,12 +88,3 @@ def to_device(batch, device: torch.device):
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
-
-
-TASKS: dict[str, type[Task]] = {"classification": ClassificationTask}
-
-
-def make_task(recipe, **kw) -> Task:
-    if recipe.task not in TASKS:
-        raise ConfigError(f"unknown task {recipe.task!r}; known: {', '.join(TASKS)}")
-    return TASKS[recipe.task](recipe, **kw)

@@ -1,0 +1,24 @@
+"""Training objectives, one module each; a recipe's `task` field names one of `TASKS`.
+
+A new objective is a module here with a `Task` subclass (see base.py for what it implements), added to
+`TASKS` below; the loop in training/trainer.py does not change.
+"""
+from __future__ import annotations
+
+from ...errors import ConfigError
+from .base import Task, loggable, to_device
+from .classification import ClassificationTask
+from .distillation import DistillationTask
+from .mae import MaeTask
+
+TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "distillation": DistillationTask,
+                                "mae": MaeTask}
+
+
+def make_task(recipe, **kw) -> Task:
+    if recipe.task not in TASKS:
+        raise ConfigError(f"unknown task {recipe.task!r}; known: {', '.join(TASKS)}")
+    return TASKS[recipe.task](recipe, **kw)
+
+
+__all__ = ["TASKS", "ClassificationTask", "DistillationTask", "MaeTask", "Task", "loggable", "make_task", "to_device"]
