@@ -21,7 +21,7 @@ RANKS = {
     "weights": 3,
     "api": 4,
     "data": 5, "export": 5,
-    "analysis": 6, "training": 6, "inference": 6,  # inference uses training.evaluate
+    "analysis": 6, "training": 6, "inference": 6, "probe": 6,  # inference uses training.evaluate
     "bench": 7,
     "cli": 8,
     "__init__": 9, "__main__": 9, "demo": 9,

@@ -11,7 +11,15 @@ from transformers import ViTMAEConfig, ViTMAEForPreTraining
 import vitkit
 from test_import_timm import perturb
 from vitkit.cli.main import main as cli
-from vitkit.models.mae import MaeDecoder, mae_forward, patchify, random_masking, reconstruction_loss, unpatchify
+from vitkit.models.mae import (
+    MaeDecoder,
+    mae_forward,
+    patchify,
+    random_masking,
+    reconstruct,
+    reconstruction_loss,
+    unpatchify,
+)
 from vitkit.weights.importers.mae_decoder import mae_decoder_state
 
 
@@ -44,6 +52,19 @@ def test_loss_counts_hidden_patches_only():
     assert reconstruction_loss(pred, images, mask, 2, norm_pix=False) == 0
     pred[0, 0] += 1.0
     assert reconstruction_loss(pred, images, mask, 2, norm_pix=False) == pytest.approx(0.5)  # (1 + 0) / 2 patches
+
+
+def test_reconstruction_pastes_visible_patches_and_undoes_norm_pix():
+    images = torch.randn(2, 3, 8, 8)
+    _, mask, _ = random_masking(2, 16, 0.75, torch.rand(2, 16, generator=torch.Generator().manual_seed(0)))
+    target = patchify(images, 2)
+    perfect = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6) ** 0.5
+    masked, filled = reconstruct(perfect, images, mask, 2, norm_pix=True)
+    torch.testing.assert_close(filled, images, atol=1e-5, rtol=1e-5)  # a perfect norm-pix guess gives the image back
+    hidden = unpatchify(mask[..., None].expand(-1, -1, 12), 2, (4, 4), 3).bool()
+    assert (masked[hidden] == 0).all() and torch.equal(masked[~hidden], images[~hidden])
+    _, wrong = reconstruct(torch.zeros_like(perfect), images, mask, 2, norm_pix=False)
+    assert torch.equal(wrong[~hidden], images[~hidden]) and (wrong[hidden] == 0).all()
 
 
 @pytest.mark.parametrize("norm_pix", [True, False])
@@ -85,6 +106,8 @@ def test_mae_task_trains_the_encoder_and_fine_tunes_from_it(tmp_path, capsys):
     metrics = [__import__("json").loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2 and all(m["eval_loss"] > 0 for m in metrics) and "eval_top1" not in metrics[0]
     assert metrics[1]["train_loss"] < metrics[0]["train_loss"]  # it learns something in 8 steps
+    report = (run / "report.md").read_text()
+    assert "![reconstructions](reconstructions.png)" in report and (run / "reconstructions.png").stat().st_size > 0
     encoder = vitkit.load_model(run / "best.safetensors")
     assert encoder.family == "vit" and not any(k.startswith("decoder") for k in encoder.state_dict())
     from vitkit.training.state import load_state
@@ -134,3 +157,23 @@ def test_resume_after_an_epoch_equals_an_uninterrupted_run(task, tmp_path):
     wb = load_file(str(tmp_path / "split" / "last.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_mae_runs_under_torchrun(tmp_path):
+    """The classifier takes no part in MAE: DDP must not wait for its gradients (find_unused_parameters)."""
+    import os
+    import subprocess
+    import sys
+
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("this torch build has no gloo backend")
+    args = ["--data", "digits", "--model", "vit_pico_patch2_8", "--epochs", "1", "--quiet", "--set", "task=mae",
+            "--set", "steps_per_epoch=2", "--set", "batch_size=16", "--set", "threads=1", "--set", "bf16=false",
+            "--set", "task.decoder_dim=32", "--set", "task.decoder_depth=1"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "vitkit", "train", "--out", str(tmp_path / "two"), *args],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = __import__("json").loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final"]["loss"] > 0

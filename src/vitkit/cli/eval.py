@@ -1,4 +1,6 @@
-"""`vitkit eval CKPT [--data ...]`: top-1/top-5, per-class precision/recall and the confusion matrix.
+"""`vitkit eval CKPT [--data ...]`: top-1/top-5, per-class precision/recall and the confusion matrix; with
+`--protocol knn|linear` (comma-separated for several), frozen-feature evaluation (vitkit.probe): DINO's
+weighted k-NN and MAE's linear probe on the pooled features, the train split as bank / probe training set.
 
 Without `--data`, the data the checkpoint was trained on (its provenance), split as in training (seed and
 validation fraction from the checkpoint, its run folder's config.json, or the recipe and command it records)."""
@@ -27,8 +29,28 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                    help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime (the default "
                    "for .onnx files)")
+    p.add_argument("--protocol", type=_protocols, default=("top1",), metavar="top1|knn|linear",
+                   help="top1: the model's own classifier (default); knn: weighted k-NN on frozen features (DINO: "
+                   "k=20, T=0.07, the train split as the bank); linear: a linear probe (BatchNorm + linear, MAE) "
+                   "trained on the frozen train features; several comma-separated (knn,linear): one line each")
+    p.add_argument("--k", type=positive_int, default=20, help="knn: neighbours (default 20)")
+    p.add_argument("--knn-t", type=float, default=0.07, help="knn: temperature of the exp(sim / T) votes")
+    p.add_argument("--probe-epochs", type=positive_int, default=90, help="linear: epochs of the probe (default 90)")
+    p.add_argument("--probe-seed", type=int, default=0, help="linear: seed of the probe's init and order")
     add_json(p)
     p.set_defaults(func=run)
+
+
+def _protocols(text: str) -> tuple[str, ...]:
+    import argparse
+
+    from ..probe import PROTOCOLS
+
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in PROTOCOLS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown protocol(s) {bad or [text]}; choose from {', '.join(PROTOCOLS)}")
+    return names
 
 
 def training_data(checkpoint: str, provenance: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +123,8 @@ def run(args) -> int:
     same = args.data is None or str(Path(args.data)) == str(Path(trained["data"] or ""))
     seed = args.seed if args.seed is not None else (trained["seed"] if same and trained["seed"] is not None else 0)
     val_fraction = (trained["val_fraction"] if same else None) or 0.0
+    if tuple(args.protocol) != ("top1",):
+        return _run_protocols(args, model, data, seed, val_fraction, "--data" if args.data else trained["from"])
     out = {"checkpoint": str(args.checkpoint)} | evaluate_on(model, data, split=args.split, seed=seed,
                                                              val_fraction=val_fraction,
                                                              batch_size=args.batch_size, strict=args.strict)
@@ -117,6 +141,41 @@ def run(args) -> int:
             print("confusion (rows: true, columns: predicted):")
             for name, row in zip(names, d["confusion"]):
                 print(f"  {name[:12]:>12} " + " ".join(f"{v:5d}" for v in row))
+
+    emit(args, out, render)
+    return 0
+
+
+def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_from: str) -> int:
+    """`--protocol knn,linear[,top1]`: one line per protocol (or one JSON object)."""
+    from ..errors import ConfigError
+    from ..inference import evaluate_on
+    from ..probe import probe_on
+
+    frozen = [p for p in args.protocol if p != "top1"]
+    if not hasattr(model, "forward_features"):
+        raise ConfigError(f"--protocol {','.join(frozen)} needs the model's features: use a torch checkpoint, "
+                          "not an ONNX file")
+    out: dict[str, Any] = {"checkpoint": str(args.checkpoint), "protocols": list(args.protocol), "seed": seed,
+                           "val_fraction": val_fraction, "data_from": data_from}
+    if "top1" in args.protocol:
+        res = evaluate_on(model, data, split=args.split, seed=seed, val_fraction=val_fraction,
+                          batch_size=args.batch_size, strict=args.strict)
+        out |= {"data": res["data"], "split": res["split"], "count": res["count"],
+                "top1": {"top1": res["top1"], "top5": res["top5"], "loss": res["loss"]}}
+    res = probe_on(model, data, frozen, split=args.split, seed=seed, val_fraction=val_fraction,
+                   batch_size=args.batch_size, strict=args.strict, k=args.k, T=args.knn_t,
+                   epochs=args.probe_epochs, probe_seed=args.probe_seed)
+    out |= {k: v for k, v in res.items() if k not in out or k in frozen}
+
+    def render(d):
+        where = f"on {d['data']} {d['split']} ({d['count']} images)"
+        for p in d["protocols"]:
+            r = d[p]
+            how = {"top1": "the model's classifier",
+                   "knn": f"k={r.get('k')}, T={r.get('T')}, bank: {d.get('bank_split')} ({d.get('bank_count')} images)",
+                   "linear": f"BatchNorm + linear on frozen features, {r.get('epochs')} epochs, seed {r.get('seed')}"}[p]
+            print(f"{p}: top-1 {r['top1']:.2f}%  top-5 {r['top5']:.2f}%  {where} [{how}]")
 
     emit(args, out, render)
     return 0

@@ -107,3 +107,21 @@ def mae_forward(encoder: nn.Module, decoder: MaeDecoder, images: torch.Tensor, m
     pred = decoder(tokens, ids_restore)
     loss = reconstruction_loss(pred, images, mask, p, norm_pix)
     return {"loss": loss, "pred": pred, "mask": mask, "ids_restore": ids_restore}
+
+
+def reconstruct(pred: torch.Tensor, images: torch.Tensor, mask: torch.Tensor,
+                patch_size: int, norm_pix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """For looking at: (the images with hidden patches zeroed, the images with hidden patches replaced by the
+    prediction), both [B, C, H, W] in the input's space. A norm-pix prediction is mapped back with each patch's
+    own mean and variance (without that it looks like noise)."""
+    B, C, H, W = images.shape
+    target = patchify(images, patch_size)  # [B, L, P*P*C]
+    pred = pred.float()
+    if norm_pix:
+        mean, var = target.mean(dim=-1, keepdim=True), target.var(dim=-1, keepdim=True)
+        pred = pred * (var + 1e-6) ** 0.5 + mean
+    hidden = mask[..., None].bool()  # [B, L, 1]
+    grid = (H // patch_size, W // patch_size)
+    masked = unpatchify(target.masked_fill(hidden, 0.0), patch_size, grid, C)
+    filled = unpatchify(torch.where(hidden, pred, target), patch_size, grid, C)
+    return masked, filled

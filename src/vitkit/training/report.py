@@ -60,6 +60,31 @@ def plot_confusion(confusion: torch.Tensor, class_names: list[str], path: Path, 
     fig.savefig(path, dpi=100)
 
 
+def plot_reconstructions(rows: list[torch.Tensor], mean, std, path: Path, title: str) -> Path:
+    """Columns of images: original, masked, reconstructed (each [B, C, H, W], normalised with mean/std)."""
+    from matplotlib.figure import Figure
+
+    labels = ("original", "masked", "reconstruction")
+    n = rows[0].shape[0]
+    m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+    fig = Figure(figsize=(2 * len(rows), 2 * n))
+    axes = fig.subplots(n, len(rows), squeeze=False)
+    for j, imgs in enumerate(rows):
+        pixels = (imgs.detach().float().cpu() * s + m).clamp(0, 1)  # [B, C, H, W] in [0, 1]
+        for i in range(n):
+            ax = axes[i][j]
+            img = pixels[i].permute(1, 2, 0).numpy()
+            ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None,
+                      vmin=0, vmax=1, interpolation="nearest")
+            ax.set_axis_off()
+            if i == 0:
+                ax.set_title(labels[j] if j < len(labels) else "", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
 def _metrics(d: dict[str, Any]) -> str:
     """Top-1/top-5 for a classifier; otherwise the task's own numbers (an MAE reports its loss)."""
     if "top1" in d:
@@ -67,7 +92,7 @@ def _metrics(d: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in d.items() if isinstance(v, (int, float)) and k not in ("epoch",))
 
 
-def write_report(run: Path, summary: dict[str, Any]) -> Path:
+def write_report(run: Path, summary: dict[str, Any], figures: dict[str, Path] | None = None) -> Path:
     from .._files import atomic_write_text
 
     f, best = summary["final"], summary["best"]
@@ -84,6 +109,8 @@ def write_report(run: Path, summary: dict[str, Any]) -> Path:
     lines += ["", "![curves](curves.png)", ""]
     if (run / "confusion.png").exists():
         lines += ["![confusion](confusion.png)", ""]
+    for title, png in (figures or {}).items():
+        lines += [f"![{title}]({Path(png).name})", ""]
     path = run / "report.md"
     atomic_write_text(path, "\n".join(lines))
     return path

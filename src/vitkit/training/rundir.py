@@ -158,12 +158,13 @@ class RunDir:
         return load_state(path)
 
     def report(self, summary: dict[str, Any], history: list[dict[str, Any]], final: dict[str, Any],
-               class_names: list[str], title: str) -> Path:
-        """summary.json, the curves, the confusion matrix (when the task has one) and report.md."""
+               class_names: list[str], title: str, figures: dict[str, Path] | None = None) -> Path:
+        """summary.json, the curves, the confusion matrix (when the task has one), the task's own figures
+        (title -> PNG in the run folder) and report.md."""
         from .report import plot_confusion, plot_curves, write_report
 
         plot_curves(history, self.path / "curves.png")
         if isinstance(final.get("confusion"), torch.Tensor):
             plot_confusion(final["confusion"], class_names, self.path / "confusion.png", title)
         self.write_summary(summary)
-        return write_report(self.path, summary)
+        return write_report(self.path, summary, figures)

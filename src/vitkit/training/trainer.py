@@ -111,6 +111,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(groups, lr=r.lr, betas=tuple(r.betas))
         self.steps_per_epoch = len(epoch_batches(len(self.train_set), r, 0, d))
         self.total_steps = self.steps_per_epoch * r.epochs
+        self.task.on_train_start(self.total_steps, self.steps_per_epoch)
         self.warmup_steps = round(r.warmup_epochs * self.steps_per_epoch)
         self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
         self.history: list[dict[str, Any]] = []
@@ -375,7 +376,8 @@ class Trainer:
                 best_model = model_io.load_any(self.out / "best.safetensors").to(self.device)
                 summary["best"] |= loggable(self._evaluate(best_model, self.test_set), "test_")
             described = f"{final_split} {self.task.describe(res)}"
-            report = self.run_dir.report(summary, self.history, res, self.data.class_names, described)
+            figures = self.task.figures(self._eval_model(), final_set, self.out)
+            report = self.run_dir.report(summary, self.history, res, self.data.class_names, described, figures)
             summary["report"] = str(report)
             self._console(always=True).print(  # also with --quiet: the one line that says where the result is
                 f"[bold green]done[/]: final {described} after {summary['epochs']} epochs in {wall:.0f} s; "

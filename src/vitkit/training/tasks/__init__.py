@@ -8,11 +8,12 @@ from __future__ import annotations
 from ...errors import ConfigError
 from .base import Task, loggable, to_device
 from .classification import ClassificationTask
+from .dino import DinoTask
 from .distillation import DistillationTask
 from .mae import MaeTask
 
 TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "distillation": DistillationTask,
-                                "mae": MaeTask}
+                                "mae": MaeTask, "dino": DinoTask}
 
 
 def make_task(recipe, **kw) -> Task:
@@ -21,4 +22,5 @@ def make_task(recipe, **kw) -> Task:
     return TASKS[recipe.task](recipe, **kw)
 
 
-__all__ = ["TASKS", "ClassificationTask", "DistillationTask", "MaeTask", "Task", "loggable", "make_task", "to_device"]
+__all__ = ["TASKS", "ClassificationTask", "DinoTask", "DistillationTask", "MaeTask", "Task", "loggable", "make_task",
+           "to_device"]

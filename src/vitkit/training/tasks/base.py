@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ...errors import ConfigError
@@ -30,18 +31,29 @@ class Task:
 
     and, when it needs them (the defaults do nothing):
 
+    - `on_train_start(total_steps, steps_per_epoch)`: the length of the run (DINO's momentum schedule);
     - `on_epoch_start(epoch)`: a schedule over epochs (MixUp off for the last epochs, DINO's teacher temperature);
     - `after_step(step)`: after each optimiser step (DINO's teacher EMA update);
     - `modules()`: trainable modules besides the model (MAE's decoder, DINO's head); the optimiser trains them
       and the loop averages their gradients across ranks;
     - `state_dict()` / `load_state_dict()`: tensors kept in state.safetensors for --resume (a DINO teacher,
       its centre); a frozen teacher loaded from a file needs none;
-    - `describe(metrics)`: the metrics as the per-epoch console line shows them.
+    - `describe(metrics)`: the metrics as the per-epoch console line shows them;
+    - `figures(model, dataset, folder)`: PNG files for the run report (MAE's reconstructions), by title.
     """
 
     def __init__(self, recipe, *, net: nn.Module, model: nn.Module, num_classes: int, device: torch.device):
         self.recipe, self.net, self.model = recipe, net, model
         self.num_classes, self.device = num_classes, device
+
+    def with_every_parameter(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` plus every model parameter times 0, under DDP: an objective that trains on tokens or features
+        (MAE, DINO) leaves the classifier (and for MAE the pooling norm) unused, and DDP waits for a gradient of
+        every parameter each step. find_unused_parameters would do too, but refuses several forwards per step
+        (DINO's crops); the zero term costs one pass over the weights."""
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return loss
+        return loss + 0.0 * sum(p.sum() for p in self.model.parameters() if p.requires_grad)
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.recipe.bf16)
@@ -51,6 +63,9 @@ class Task:
 
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
         raise NotImplementedError
+
+    def on_train_start(self, total_steps: int, steps_per_epoch: int) -> None:
+        pass
 
     def on_epoch_start(self, epoch: int) -> None:
         pass
@@ -67,6 +82,9 @@ class Task:
     def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         if sd:
             raise ConfigError(f"task {type(self).__name__} keeps no state, but the saved state has {sorted(sd)[:3]}")
+
+    def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
+        return {}
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
         text = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)) and k != "score")

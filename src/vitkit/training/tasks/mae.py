@@ -11,7 +11,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ...models import require
-from ...models.mae import MaeDecoder, mae_forward
+from ...models.mae import MaeDecoder, mae_forward, reconstruct
 from ...typed_config import JsonConfig
 from .base import Task
 
@@ -50,7 +50,7 @@ class MaeTask(Task):
         x = batch[0]
         with self.autocast():
             out = mae_forward(self.net, self.decoder, x, self.opts.mask_ratio, norm_pix=self.opts.norm_pix_loss)
-        return {"loss": out["loss"], "batch_size": len(x)}
+        return {"loss": self.with_every_parameter(out["loss"]), "batch_size": len(x)}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
@@ -81,6 +81,26 @@ class MaeTask(Task):
 
     def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         self.decoder.load_state_dict({k[len("decoder."):]: v for k, v in sd.items() if k.startswith("decoder.")})
+
+    @torch.no_grad()
+    def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
+        """Original / masked / reconstructed for the first images of `dataset`, with fixed masks."""
+        from ..report import plot_reconstructions
+
+        was = model.training, self.decoder.training
+        model.eval()
+        self.decoder.eval()
+        x = torch.stack([dataset[i][0] for i in range(min(6, len(dataset)))]).to(self.device)
+        gh, gw = model.patch_embed.grid_for(*x.shape[-2:])
+        noise = torch.rand(len(x), gh * gw, generator=torch.Generator().manual_seed(0)).to(self.device)
+        out = mae_forward(model, self.decoder, x, self.opts.mask_ratio, noise, self.opts.norm_pix_loss)
+        masked, filled = reconstruct(out["pred"], x, out["mask"], self.decoder.patch_size, self.opts.norm_pix_loss)
+        model.train(was[0])
+        self.decoder.train(was[1])
+        pre = model.preprocess
+        path = plot_reconstructions([x, masked, filled], pre.mean, pre.std, folder / "reconstructions.png",
+                                    f"MAE, {100 * self.opts.mask_ratio:.0f}% of the patches hidden")
+        return {"reconstructions": path}
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
         extra = f" (raw {raw['loss']:.4f})" if raw else ""
