@@ -198,8 +198,11 @@ _preset(Recipe(
 _preset(Recipe(
     name="fashion-mnist",
     command="vitkit train --recipe fashion-mnist --out runs/fashion-mnist",
-    expected=(">= 91% test top-1 from scratch within 15 minutes on 2 CPU cores (measured on an idle 2-core "
-              "EPYC: 91.16% in 915 s; 91.02% already at epoch 16, ~12.5 min)"),
+    expected=("target >= 91% test top-1 from scratch within 15 minutes on 2 CPU cores; NOT met reliably: measured "
+              "on an idle 2-core Zen 4 (avx512_bf16) with MAE's sin-cos table 90.46% (seed 0) and 90.58% (seed 1, "
+              "909 s); the earlier 91.16% in 915 s was seed 0 with the old row-first table"),
+    # the two tables differ by a permutation of fixed channels, and every other weight is initialised i.i.d.
+    # per channel, so they train alike in distribution: 91.16% vs 90.5% is seed-to-seed spread
     data="fashion-mnist", model="vit_tiny_patch4_28",
     model_args=dict(SMALL_VIT, embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0),
     # measured on a 15k subset x 4 epochs: no crop 78.7% vs pad-crop 71.1% (sub-patch shifts slow a short
