@@ -3,6 +3,8 @@ evaluation with per-class precision/recall and the confusion matrix. The `predic
 and anything that serves a model, call these."""
 from __future__ import annotations
 
+import json
+import shlex
 from typing import Any
 
 import torch
@@ -76,3 +78,56 @@ def evaluate_on(model, data: str, *, split: str | None = None, seed: int = 0, va
     return {"data": ds_all.name, "split": split, "count": res["count"], "top1": res["top1"], "top5": res["top5"],
             "loss": res["loss"], "per_class": per_class(res["confusion"], names), "class_names": names,
             "confusion": res["confusion"].tolist(), "skipped_images": ds_all.info.get("num_skipped", 0)}
+
+
+def training_data(checkpoint: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """What the checkpoint was trained on and how it was split: {data, seed, val_fraction, from}, each None when
+    unknown. In order: the checkpoint's provenance (`dataset`, `seed`, `val_fraction`), the run folder's
+    config.json beside the file, then the recipe and the reproducing command the provenance records."""
+    out: dict[str, Any] = {"data": provenance.get("dataset"), "seed": provenance.get("seed"),
+                           "val_fraction": provenance.get("val_fraction"), "from": "checkpoint provenance"}
+    if out["seed"] is not None and out["val_fraction"] is not None:
+        return out
+    recipe = None
+    try:
+        from .weights.io import resolve_path
+
+        config = resolve_path(checkpoint).parent / "config.json"
+        saved = json.loads(config.read_text()) if config.is_file() else {}
+        recipe = dict(saved["recipe"]) if saved else None
+        if recipe is not None:
+            out["from"] = str(config)
+            carved = (saved.get("data") or {}).get("val_split")  # what the run actually carved
+            if isinstance(carved, dict):
+                recipe |= {"val_fraction": carved.get("fraction"), "seed": carved.get("seed", recipe.get("seed"))}
+    except (OSError, ValueError, KeyError, TypeError):
+        recipe = None
+    if recipe is None and provenance.get("recipe"):
+        recipe = _recipe_from_command(provenance["recipe"], provenance.get("command", ""))
+        out["from"] = "the recipe and command in the checkpoint's provenance"
+    if recipe:
+        out["data"] = recipe.get("data") or out["data"]  # the spec as given (a folder path, not its label)
+        out["seed"] = out["seed"] if out["seed"] is not None else recipe.get("seed")
+        if out["val_fraction"] is None:
+            out["val_fraction"] = recipe.get("val_fraction")
+    for prefix in ("folder:", "csv:"):  # a dataset's label (DataBundle.name) -> the spec load_data reads
+        if isinstance(out["data"], str) and out["data"].startswith(prefix):
+            out["data"] = out["data"][len(prefix):]
+    return out
+
+
+def _recipe_from_command(name: str, command: str) -> dict[str, Any] | None:
+    """The recipe a run used: the preset it names plus the `--set key=value` (and --seed/--data) of the command
+    the trainer records, which reproduces the run (see cli.train.canonical_command)."""
+    from .errors import VitkitError
+    from .training.recipes import get_recipe
+
+    try:
+        recipe = get_recipe(name)
+        argv = shlex.split(command or "")
+        sets = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
+        sets += [f"{flag[2:]}={argv[i + 1]}" for i, flag in enumerate(argv[:-1]) if flag in ("--seed", "--data")]
+        keep = [s for s in sets if s.split("=", 1)[0] in ("seed", "val_fraction", "data")]
+        return recipe.override(keep).to_dict()
+    except (VitkitError, ValueError):
+        return None
