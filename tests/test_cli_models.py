@@ -26,7 +26,7 @@ def test_models_json_agrees_with_api(capsys):
     assert (b16["patch_size"], b16["embed_dim"], b16["depth"], b16["num_heads"]) == (16, 768, 12, 12)
     assert b16["pretrained"] == ["augreg_in21k_ft_in1k"]
     assert rows["vit_large_patch14_dinov2"]["img_size"] == [518, 518]
-    assert {r["family"] for r in rows.values()} == {"vit", "resnet"}
+    assert {r["family"] for r in rows.values()} == set(vitkit.models.FAMILIES) >= {"vit", "resnet", "swin"}
     assert {r["group"] for r in rows.values()} >= {"vit", "deit", "deit3", "dinov2", "clip", "mae", "cnn-baseline"}
     with torch.device("meta"):
         rn = sum(p.numel() for p in vitkit.create_model("resnet18").parameters())

@@ -1,0 +1,320 @@
+"""The `swin` family: Swin Transformer (Liu et al. 2021), hierarchical stages of shifted-window attention.
+
+State-dict keys and layout are timm's (`timm/models/swin_transformer.py`): the whole model runs NHWC;
+`patch_embed.proj/norm`; patch merging sits at the *start* of stages 1..3 (`layers.{i}.downsample`, the
+original repository puts it at the end of stage i-1); `layers.{i}.blocks.{j}.{norm1,attn.qkv,attn.proj,
+attn.relative_position_bias_table,norm2,mlp.fc1,mlp.fc2}`; final `norm`; classifier `head.fc`.
+`relative_position_index` and the shift mask are not in the state dict (timm: non-persistent).
+
+Window and shift per block are fixed from `img_size` as timm does (a stage whose map is no larger than the
+window uses the whole map as one window, unshifted). Other input sizes run: maps that are not a multiple of
+the window are padded (timm's order: roll, then pad on the bottom/right) and the mask is built for the size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from ..layers.block import DropPath
+from ..layers.mlp import Linear, Mlp
+from ..layers.window_attention import (
+    WindowAttention,
+    resize_rel_pos_bias_table,
+    shifted_window_mask,
+    window_partition,
+    window_reverse,
+)
+from .config import IMAGENET_MEAN, IMAGENET_STD, ModelConfig, Preprocess
+from .registry import register_family, register_model
+
+
+@dataclass
+class SwinConfig(ModelConfig):
+    _what = "Swin config"
+
+    img_size: tuple[int, int] = (224, 224)
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 96  # stage i has embed_dim * 2**i channels
+    depths: tuple[int, ...] = (2, 2, 6, 2)
+    num_heads: tuple[int, ...] = (3, 6, 12, 24)
+    window_size: int = 7
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    drop_rate: float = 0.0  # before the head
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.1  # timm's default for every swin name
+
+    def __post_init__(self):
+        if isinstance(self.img_size, int):
+            self.img_size = (self.img_size, self.img_size)
+        self.img_size = (int(self.img_size[0]), int(self.img_size[1]))
+        self.depths = tuple(int(d) for d in self.depths)
+        self.num_heads = tuple(int(h) for h in self.num_heads)
+        if len(self.depths) != len(self.num_heads) or not self.depths:
+            raise ConfigError(f"depths {self.depths} and num_heads {self.num_heads} need one entry per stage")
+        if any(d < 1 for d in self.depths):
+            raise ConfigError("every Swin stage needs depth >= 1")
+        for i, h in enumerate(self.num_heads):
+            dim = self.embed_dim * 2 ** i
+            if h < 1 or dim % h:
+                raise ConfigError(f"stage {i}: width {dim} is not divisible by {h} heads")
+        if self.patch_size < 1 or self.window_size < 1:
+            raise ConfigError("patch_size and window_size must be >= 1")
+        if min(self.img_size) < self.patch_size:
+            raise ConfigError(f"img_size {self.img_size} is smaller than one {self.patch_size}px patch")
+        if self.num_classes < 0 or self.in_chans < 1:
+            raise ConfigError("num_classes must be >= 0 and in_chans >= 1")
+
+    def stage_resolutions(self) -> list[tuple[int, int]]:
+        """Token grid of each stage at `img_size` (after its patch merging)."""
+        res = (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+        out = []
+        for i in range(len(self.depths)):
+            if i > 0:
+                res = ((res[0] + 1) // 2, (res[1] + 1) // 2)
+            out.append(res)
+        return out
+
+
+class PatchEmbed(nn.Module):
+    """Conv patchify + LayerNorm, NHWC out (timm `PatchEmbed(output_fmt='NHWC', norm_layer=LayerNorm)`)."""
+
+    def __init__(self, patch_size: int, in_chans: int, dim: int):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, dim, patch_size, patch_size)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))  # [B, H/p, W/p, D]
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbours concatenated (x00, x10, x01, x11) -> LayerNorm(4C) -> Linear(4C -> 2C, no bias)."""
+
+    def __init__(self, dim: int, out_dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * dim)
+        self.reduction = Linear(4 * dim, out_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))  # odd maps: pad one row / column
+        H, W = x.shape[1], x.shape[2]
+        x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return self.reduction(self.norm(x))
+
+
+class SwinBlock(nn.Module):
+    """LN -> (shifted) window attention -> residual; LN -> MLP -> residual. NHWC in and out."""
+
+    def __init__(self, dim: int, resolution: tuple[int, int], num_heads: int, window_size: int, shift: bool,
+                 cfg: SwinConfig, drop_path: float):
+        super().__init__()
+        # a map no larger than the window is one window, unshifted (timm's _calc_window_shift)
+        self.window_size = tuple(min(r, window_size) for r in resolution)
+        self.shift_size = tuple(0 if r <= w or not shift else window_size // 2
+                                for r, w in zip(resolution, self.window_size))
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowAttention(dim, num_heads, self.window_size, qkv_bias=cfg.qkv_bias,
+                                    attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate)
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * cfg.mlp_ratio), drop=cfg.proj_drop_rate)
+        self.drop_path2 = DropPath(drop_path)
+        self._masks: dict = {}  # (Hp, Wp, device, dtype) -> mask; not state
+
+    def _mask(self, Hp: int, Wp: int, x: torch.Tensor) -> torch.Tensor | None:
+        if not any(self.shift_size):
+            return None
+        key = (Hp, Wp, x.device, x.dtype)
+        if key not in self._masks:
+            self._masks[key] = shifted_window_mask(Hp, Wp, self.window_size, self.shift_size, x.device, x.dtype)
+        return self._masks[key]
+
+    def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        ws, shift = self.window_size, self.shift_size
+        if any(shift):
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+        pad_h, pad_w = (ws[0] - H % ws[0]) % ws[0], (ws[1] - W % ws[1]) % ws[1]
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+        Hp, Wp = x.shape[1], x.shape[2]
+        windows = window_partition(x, ws).view(-1, ws[0] * ws[1], C)
+        windows = self.attn(windows, mask=self._mask(Hp, Wp, x))
+        x = window_reverse(windows.view(-1, ws[0], ws[1], C), ws, Hp, Wp)[:, :H, :W, :]
+        if any(shift):
+            x = torch.roll(x, shifts=shift, dims=(1, 2))
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self._attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class SwinStage(nn.Module):
+    def __init__(self, in_dim: int, dim: int, resolution: tuple[int, int], depth: int, num_heads: int,
+                 cfg: SwinConfig, drop_path: list[float], downsample: bool):
+        super().__init__()
+        self.downsample = PatchMerging(in_dim, dim) if downsample else nn.Identity()
+        self.blocks = nn.Sequential(*[
+            SwinBlock(dim, resolution, num_heads, cfg.window_size, shift=j % 2 == 1, cfg=cfg, drop_path=drop_path[j])
+            for j in range(depth)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.downsample(x))
+
+
+class ClassifierHead(nn.Module):
+    """Average pool over H, W (NHWC), dropout, `fc` (timm's `head.fc`)."""
+
+    def __init__(self, dim: int, num_classes: int, drop: float):
+        super().__init__()
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
+
+    def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.drop(x.mean(dim=(1, 2)))
+        return x if pre_logits else self.fc(x)
+
+
+class SwinTransformer(nn.Module):
+    head_names = ("head",)
+    capabilities = frozenset({"intermediates"})
+
+    def __init__(self, cfg: SwinConfig | None = None, *, preprocess: Preprocess | None = None,
+                 class_names=None, provenance=None, **overrides):
+        super().__init__()
+        cfg = (cfg or SwinConfig()).replace(**overrides) if overrides else (cfg or SwinConfig())
+        self.cfg = cfg
+        n = len(cfg.depths)
+        dims = [cfg.embed_dim * 2 ** i for i in range(n)]
+        self.num_features = dims[-1]
+        self.num_classes = cfg.num_classes
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, dims[0])
+        dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths), device="cpu").split(list(cfg.depths))
+        res = cfg.stage_resolutions()
+        self.layers = nn.Sequential(*[
+            SwinStage(dims[max(i - 1, 0)], dims[i], res[i], cfg.depths[i], cfg.num_heads[i], cfg,
+                      dpr[i].tolist(), downsample=i > 0)
+            for i in range(n)])
+        self.norm = nn.LayerNorm(self.num_features)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, cfg.drop_rate)
+        self.apply(self._init_weights)
+        pre = preprocess or Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bicubic", 0.9)
+        self.preprocess = dataclasses.replace(pre, input_size=(cfg.in_chans, *cfg.img_size)).for_channels(cfg.in_chans)
+        self.class_names = list(class_names) if class_names else None
+        self.provenance = dict(provenance or {"arch": "swin"})
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):  # timm's default ('' mode): trunc_normal .02, zero bias
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] -> the last stage's normed map, NHWC [B, H/32, W/32, F] (timm's layout)."""
+        return self.norm(self.layers(self.patch_embed(x)))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: torch.Tensor, indices=None, norm: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False):
+        """Per-stage maps (the feature pyramid, strides 4, 8, 16, 32 for patch 4), NCHW or NHWC.
+
+        indices: an int n takes the last n stages; a list takes those stage indices (negatives allowed).
+        `norm` applies the final norm to the last stage's map. Returns (final NHWC features, maps) unless
+        `intermediates_only`."""
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ConfigError("output_fmt must be 'NCHW' or 'NHWC'")
+        n = len(self.layers)
+        take = (list(range(n)) if indices is None else list(range(n - indices, n)) if isinstance(indices, int)
+                else [i if i >= 0 else n + i for i in indices])
+        if any(i < 0 or i >= n for i in take):
+            raise ConfigError(f"stage indices {indices} out of range for {n} stages")
+        x = self.patch_embed(x)
+        outs = []
+        for i, stage in enumerate(self.layers):
+            x = stage(x)
+            if i in take:
+                y = self.norm(x) if norm and i == n - 1 else x
+                outs.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
+        if intermediates_only:
+            return outs
+        return self.norm(x), outs
+
+    def no_weight_decay(self) -> set[str]:
+        return {n for n, _ in self.named_parameters() if "relative_position_bias_table" in n}
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's: the stem, then one group per block (per stage when coarse); the head last."""
+        return {"stem": r"^patch_embed",
+                "blocks": r"^layers\.(\d+)" if coarse else [
+                    (r"^layers\.(\d+)\.downsample", (0,)),
+                    (r"^layers\.(\d+)\.\w+\.(\d+)", None),
+                    (r"^norm", (99999,)),
+                ]}
+
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if global_pool not in (None, "avg"):
+            raise ConfigError("Swin pools by average only")
+        self.num_classes = num_classes
+        self.cfg = self.cfg.replace(num_classes=num_classes)
+        device = self.norm.weight.device
+        self.head.fc = nn.Linear(self.num_features, num_classes, device=device) if num_classes else nn.Identity()
+        if self.class_names is not None and len(self.class_names) != num_classes:
+            self.class_names = None
+
+
+def checkpoint_filter(state_dict: dict, model: SwinTransformer) -> dict[str, torch.Tensor]:
+    """A timm or original-repository (microsoft/Swin-Transformer) state dict -> this model's keys.
+
+    As timm's `checkpoint_filter_fn`: unwraps {'model': ...}, drops the `relative_position_index` / `attn_mask`
+    buffers, and moves the original layout (patch merging at the end of stage i, `head`) to timm's
+    (`layers.{i+1}.downsample`, `head.fc`). A bias table saved for another window is resampled bicubically
+    to the model's window (the authors' method; timm uses BEiT's geometric grid here)."""
+    state_dict = state_dict.get("model", state_dict)
+    state_dict = state_dict.get("state_dict", state_dict)
+    original = "layers.0.downsample.reduction.weight" in state_dict
+    out = {}
+    for k, v in state_dict.items():
+        if "relative_position_index" in k or "attn_mask" in k:
+            continue
+        if original:
+            k = re.sub(r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m.group(1)) + 1}.downsample", k)
+            k = re.sub(r"^head\.", "head.fc.", k)
+        if k.endswith("relative_position_bias_table"):
+            attn = model.get_submodule(k[: -len(".relative_position_bias_table")])
+            if v.shape != attn.relative_position_bias_table.shape:
+                v = resize_rel_pos_bias_table(v, attn.window_size)
+        out[k] = v
+    return out
+
+
+register_family("swin", SwinConfig, SwinTransformer)
+_SIZES = {  # timm's configs
+    "swin_tiny_patch4_window7_224": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    "swin_small_patch4_window7_224": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    "swin_base_patch4_window7_224": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+}
+for _name, _kw in _SIZES.items():
+    register_model(_name, "swin", SwinConfig(patch_size=4, window_size=7, **_kw), group="swin",
+                   mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, interpolation="bicubic",
+                   notes="Swin Transformer (shifted windows), timm's key names and layout")

@@ -1,0 +1,181 @@
+"""The swin family against timm's SwinTransformer: same state dict (timm's keys, loaded strictly and unchanged),
+same outputs within 1e-4 in fp32 on a real photo and random images, same parameter counts at full size."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.errors import ConfigError
+from vitkit.layers.window_attention import (
+    relative_position_index,
+    shifted_window_mask,
+    window_partition,
+    window_reverse,
+)
+from vitkit.models import get_entry
+from vitkit.models.config import IMAGENET_MEAN, IMAGENET_STD
+from vitkit.models.swin import SwinConfig, SwinTransformer
+
+timm = pytest.importorskip("timm")
+from timm.models import swin_transformer as timm_swin  # noqa: E402
+
+NAMES = ["swin_tiny_patch4_window7_224", "swin_small_patch4_window7_224", "swin_base_patch4_window7_224"]
+TOL = 1e-4
+
+# reduced swin_tiny_patch4_window7_224 layouts: (id, timm/vitkit kwargs)
+CASES = [
+    ("224-ws7", dict(img_size=224, embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 4, 8, 16), window_size=7)),
+    ("64-ws4", dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(2, 2, 4, 4), window_size=4)),
+    # 96 px: 24x24 and 12x12 maps are padded to windows of 7, the shift mask built on the padded map
+    ("96-ws7-padded", dict(img_size=96, embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4), window_size=7)),
+    # 100 px: odd maps (25, 13, 7) -> padded windows and padded patch merging
+    ("100-ws7-odd", dict(img_size=100, embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4), window_size=7)),
+]
+
+
+def perturbed_pair(kw: dict, seed: int = 0, **timm_extra):
+    torch.manual_seed(seed)
+    ref = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, **kw, **timm_extra).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ours = SwinTransformer(SwinConfig(**kw)).eval()
+    missing, unexpected = ours.load_state_dict(ref.state_dict(), strict=True)
+    assert not missing and not unexpected
+    return ref, ours
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_outputs_match_timm(case, photo_batch, record_parity):
+    name, kw = case
+    ref, ours = perturbed_pair(kw)
+    x = photo_batch(kw["img_size"], IMAGENET_MEAN, IMAGENET_STD)  # astronaut + 2 random images
+    with torch.no_grad():
+        f_ref, f_ours = ref.forward_features(x), ours.forward_features(x)
+        assert f_ours.shape == f_ref.shape  # NHWC, as timm
+        pre = (ref.forward_head(f_ref, pre_logits=True) - ours.forward_head(f_ours, pre_logits=True)).abs().max()
+        logits = (ref(x) - ours(x)).abs().max()
+        feats = (f_ref - f_ours).abs().max()
+    record_parity(f"swin {name}", logits.item(), pre.item())
+    assert logits <= TOL and pre <= TOL and feats <= TOL, (logits, pre, feats)
+
+
+def test_other_input_size_matches_timm_dynamic():
+    """Built at 224, run at 160 and 200x136: windows fixed from img_size, maps padded, mask built per size."""
+    kw = CASES[0][1]
+    ref, ours = perturbed_pair(kw, seed=1, dynamic_img_size=True)
+    g = torch.Generator().manual_seed(3)
+    for size in [(160, 160), (200, 136)]:
+        x = torch.randn(2, 3, *size, generator=g)
+        with torch.no_grad():
+            d = (ref(x) - ours(x)).abs().max()
+        assert d <= TOL, (size, d)
+
+
+def test_intermediates_match_timm(photo_batch):
+    ref, ours = perturbed_pair(CASES[1][1], seed=2)
+    x = photo_batch(64)
+    with torch.no_grad():
+        fr, ir = ref.forward_intermediates(x, norm=True)
+        fo, io = ours.forward_intermediates(x, norm=True)
+        last2 = ours.forward_intermediates(x, indices=2, intermediates_only=True)
+        all4 = ours.forward_intermediates(x, intermediates_only=True)
+    assert (fr - fo).abs().max() <= TOL
+    assert [t.shape for t in io] == [t.shape for t in ir] == [(3, 32 * 2 ** i, 16 >> i, 16 >> i) for i in range(4)]
+    assert max((a - b).abs().max().item() for a, b in zip(ir, io)) <= TOL
+    assert len(last2) == 2 and torch.equal(last2[1], all4[3])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_full_size_parameter_counts_equal_timm(name):
+    with torch.device("meta"):
+        ours = vitkit.create_model(name)
+        ref = timm.create_model(name, pretrained=False)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+
+
+def test_registered_names_preprocess():
+    for name in NAMES:
+        e = get_entry(name)
+        assert e.family == "swin" and e.cfg.window_size == 7 and e.cfg.patch_size == 4
+        assert (e.mean, e.std, e.crop_pct, e.interpolation) == (IMAGENET_MEAN, IMAGENET_STD, 0.9, "bicubic")
+    assert get_entry(NAMES[2]).cfg.embed_dim == 128 and get_entry(NAMES[1]).cfg.depths == (2, 2, 18, 2)
+
+
+def test_window_helpers_match_timm():
+    x = torch.randn(2, 14, 21, 5)
+    w = window_partition(x, (7, 7))
+    assert torch.equal(w, timm_swin.window_partition(x, (7, 7)))
+    assert torch.equal(window_reverse(w, (7, 7), 14, 21), x)
+    for wh, ww in [(7, 7), (4, 4), (3, 5)]:
+        assert torch.equal(relative_position_index(wh, ww), timm_swin.get_relative_position_index(wh, ww))
+    blk = timm_swin.SwinTransformerBlock(dim=8, input_resolution=(14, 14), num_heads=2, window_size=7, shift_size=3)
+    assert torch.equal(shifted_window_mask(14, 14, (7, 7), (3, 3)), blk.attn_mask)
+
+
+def test_block_windows_and_shifts_follow_timm():
+    """A stage whose map is no larger than the window attends over the whole map, unshifted (last stage at 224)."""
+    m = SwinTransformer(SwinConfig(embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 1, 1, 1)))
+    blocks = [(b.window_size, b.shift_size) for s in m.layers for b in s.blocks]
+    assert blocks[:6] == [((7, 7), (0, 0)), ((7, 7), (3, 3))] * 3
+    assert blocks[6:] == [((7, 7), (0, 0))] * 2
+    assert "layers.0.blocks.0.attn.relative_position_index" not in m.state_dict()  # non-persistent, as timm
+
+
+def test_config_refuses_bad_layouts():
+    with pytest.raises(ConfigError):
+        SwinConfig(depths=(2, 2), num_heads=(3, 6, 12))
+    with pytest.raises(ConfigError):
+        SwinConfig(embed_dim=96, num_heads=(5, 6, 12, 24))
+    with pytest.raises(ConfigError):
+        vitkit.create_model(NAMES[0], window=7)
+
+
+def to_original_layout(sd: dict, model) -> dict:
+    """timm keys -> microsoft/Swin-Transformer keys (downsample at the end of stage i-1, `head`, buffers saved)."""
+    import re
+
+    out = {}
+    for k, v in sd.items():
+        k = re.sub(r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m.group(1)) - 1}.downsample", k)
+        out[k.replace("head.fc.", "head.")] = v
+    for name, buf in model.named_buffers():  # what the original repo saves and timm drops
+        if name.endswith(("relative_position_index", "attn_mask")) and buf is not None:
+            out[name] = buf
+    return {"model": out}
+
+
+def test_original_repo_layout_imports_like_timms_filter(photo_batch):
+    from vitkit.models.swin import checkpoint_filter
+
+    ref, _ = perturbed_pair(CASES[1][1], seed=4)
+    ours = SwinTransformer(SwinConfig(**CASES[1][1])).eval()
+    original = to_original_layout(ref.state_dict(), ref)
+    assert "layers.0.downsample.reduction.weight" in original["model"] and "head.weight" in original["model"]
+    mine = checkpoint_filter(original, ours)
+    theirs = timm_swin.checkpoint_filter_fn(original, ref)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    ours.load_state_dict(mine, strict=True)
+    x = photo_batch(64)
+    with torch.no_grad():
+        assert (ours(x) - ref(x)).abs().max() <= TOL
+    assert checkpoint_filter(ref.state_dict(), ours).keys() == ref.state_dict().keys()  # timm keys pass through
+
+
+def test_checkpoint_at_another_window_loads_with_the_table_resampled():
+    from vitkit.layers.window_attention import resize_rel_pos_bias_table
+    from vitkit.models.swin import checkpoint_filter
+
+    src = SwinTransformer(SwinConfig(**CASES[0][1]))  # window 7 at 224
+    dst = SwinTransformer(SwinConfig(**{**CASES[0][1], "img_size": 256, "window_size": 8}))
+    sd = checkpoint_filter(src.state_dict(), dst)
+    dst.load_state_dict(sd, strict=True)
+    assert sd["layers.0.blocks.0.attn.relative_position_bias_table"].shape == (15 * 15, 2)
+    const = torch.full((13 * 13, 3), 0.25)
+    assert torch.allclose(resize_rel_pos_bias_table(const, (12, 12)), torch.full((23 * 23, 3), 0.25))
+    t = torch.randn(13 * 13, 3)
+    assert resize_rel_pos_bias_table(t, (7, 7)) is t
+    with torch.no_grad():
+        assert torch.isfinite(dst(torch.randn(1, 3, 256, 256))).all()
