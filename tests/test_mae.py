@@ -3,6 +3,8 @@
 then fine-tuning the encoder it saved."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -103,7 +105,7 @@ def test_mae_task_trains_the_encoder_and_fine_tunes_from_it(tmp_path, capsys):
             "--set", "threads=1", "--set", "bf16=false", "--set", "task.decoder_dim=32",
             "--set", "task.decoder_depth=1"]
     assert cli(args) == 0
-    metrics = [__import__("json").loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2 and all(m["eval_loss"] > 0 for m in metrics) and "eval_top1" not in metrics[0]
     assert metrics[1]["train_loss"] < metrics[0]["train_loss"]  # it learns something in 8 steps
     report = (run / "report.md").read_text()
@@ -132,7 +134,7 @@ def test_mae_options_are_checked(tmp_path, capsys):
 
 
 def _step_losses(run):
-    return [__import__("json").loads(s)["loss"] for s in (run / "steps.jsonl").read_text().splitlines()]
+    return [json.loads(s)["loss"] for s in (run / "steps.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("task", ["mae", "distillation"])
@@ -175,5 +177,5 @@ def test_mae_runs_under_torchrun(tmp_path):
                           env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = __import__("json").loads((tmp_path / "two" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final"]["loss"] > 0

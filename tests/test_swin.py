@@ -3,9 +3,12 @@ same outputs within 1e-4 in fp32 on a real photo and random images, same paramet
 from __future__ import annotations
 
 import pytest
+import timm  # a test dependency: parity needs the real peer
 import torch
+from timm.models import swin_transformer as timm_swin
 
 import vitkit
+from test_import_timm import perturb
 from vitkit.errors import ConfigError
 from vitkit.layers.window_attention import (
     relative_position_index,
@@ -16,9 +19,6 @@ from vitkit.layers.window_attention import (
 from vitkit.models import get_entry
 from vitkit.models.config import IMAGENET_MEAN, IMAGENET_STD
 from vitkit.models.swin import SwinConfig, SwinTransformer
-
-timm = pytest.importorskip("timm")
-from timm.models import swin_transformer as timm_swin  # noqa: E402
 
 NAMES = ["swin_tiny_patch4_window7_224", "swin_small_patch4_window7_224", "swin_base_patch4_window7_224"]
 TOL = 1e-4
@@ -35,11 +35,7 @@ CASES = [
 
 
 def perturbed_pair(kw: dict, seed: int = 0, **timm_extra):
-    torch.manual_seed(seed)
-    ref = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, **kw, **timm_extra).eval()
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    ref = perturb(timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, **kw, **timm_extra), seed)
     ours = SwinTransformer(SwinConfig(**kw)).eval()
     missing, unexpected = ours.load_state_dict(ref.state_dict(), strict=True)
     assert not missing and not unexpected

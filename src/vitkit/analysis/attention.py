@@ -21,11 +21,6 @@ FUSIONS = ("mean", "max", "min")
 METHODS = ("rollout", "cls-attention", "grad-rollout")
 
 
-def preprocess_of(model):
-    """The model's Preprocess (mean/std/size): every family declares it."""
-    return model.preprocess
-
-
 def grid_of(model, x: torch.Tensor) -> tuple[int, int]:
     """(Gh, Gw) of the patch grid for input [B, C, H, W]."""
     return model.patch_embed.grid_for(x.shape[-2], x.shape[-1])
@@ -183,7 +178,7 @@ def object_mass(model, images: torch.Tensor, background_threshold: float = 0.0,
     object's pixel share (`share`), their ratio (`lift`; 1 = no better than uniform) and `n`.
     """
     device = next(model.parameters()).device
-    pre = preprocess_of(model)
+    pre = model.preprocess
     mean = torch.tensor(pre.mean, device=device).view(1, -1, 1, 1)
     std = torch.tensor(pre.std, device=device).view(1, -1, 1, 1)
     masses, shares = [], []

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from .attention import preprocess_of
 
 # built-in datasets come from vitkit.data (test split unless 'NAME:train' is asked for)
 BUILTIN = ("digits", "fashion-mnist", "fashion_mnist", "fmnist")
@@ -36,7 +35,7 @@ def prepare(model, image, size: tuple[int, int] | None = None) -> tuple[torch.Te
 
     from ..data.transforms import EvalResizeCrop, MatchChannels
 
-    pre = preprocess_of(model)
+    pre = model.preprocess
     channels = int(model.cfg.in_chans)
     size = tuple(size) if size else tuple(pre.input_size[1:])
     crop = EvalResizeCrop(dataclasses.replace(pre, input_size=(channels, *size)))
