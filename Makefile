@@ -15,11 +15,15 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 setup: $(STAMP) data
 
 # Real Fashion-MNIST from Debian's package when we can install it (root on Debian); otherwise the
-# loader explains the other routes when that dataset is asked for.
+# loader explains the other routes when that dataset is asked for. Debian's Chromium and its driver
+# for the test that drives `vitkit serve`'s page in a real browser.
 data:
 	@if command -v dpkg >/dev/null && ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
 		|| echo "note: could not install dataset-fashion-mnist (fashion-mnist tests will skip)"; fi
+	@if command -v dpkg >/dev/null && ! dpkg -s chromium-driver >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 \
+		|| echo "note: could not install chromium + chromium-driver (the served page's browser test will skip)"; fi
 
 demo: setup
 	$(PY) -m vitkit.demo
