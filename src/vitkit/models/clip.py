@@ -1,0 +1,1 @@
+"""CLIP: the vision tower (a VisionTransformer) and the text tower in one model (filled in by issue 13)."""
