@@ -1,0 +1,11 @@
+"""`vitkit serve`: a trained model behind an HTTP API and a web page (FastAPI + uvicorn).
+
+`create_app(model_or_path, ...)` builds the app; `vitkit serve CKPT` runs it with uvicorn. The parts:
+`uploads` (request bodies to images, in memory, with limits), `batching` (dynamic batching on a worker
+thread), `service` (the model operations without HTTP) and `app` (routes, errors, the page)."""
+from __future__ import annotations
+
+from .app import create_app
+from .batching import Batcher, BusyError
+
+__all__ = ["Batcher", "BusyError", "create_app"]

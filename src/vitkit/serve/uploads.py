@@ -1,0 +1,128 @@
+"""Uploads to images, in memory only: the request body read under a size cap, the image taken from a
+multipart form field or the raw body, and decoded with the same checks and conversions as
+`vitkit.data.images.load_image` (decompression-bomb guard from the header, truncation is an error, EPS
+refused). Nothing here opens, creates or names a path on the server's disk."""
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from collections.abc import AsyncIterator
+
+from PIL import Image, ImageOps
+
+from ..data import images as _images
+from ..errors import ImageError, VitkitError
+
+FORM_FIELD = "file"  # the multipart field the image goes in (curl -F file=@photo.jpg)
+RAW_TYPES = ("image/", "application/octet-stream")  # content types whose body is the image itself
+
+
+class RequestError(VitkitError):
+    """A request the server refuses, with the HTTP status to answer it with (always 4xx)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def upload_name(filename: str | None) -> str:
+    """A client's file name made safe to echo in messages: the last path part, printable, at most 80 chars."""
+    if not filename:
+        return "upload"
+    base = re.split(r"[\\/]", filename)[-1]
+    clean = "".join(ch for ch in base if ch.isprintable())[:80].strip()
+    return clean or "upload"
+
+
+async def read_body(stream: AsyncIterator[bytes], declared_length: str | None, limit: int) -> bytes:
+    """The whole body, refused (413) as soon as it is known to exceed `limit` bytes: from Content-Length
+    before reading anything, else while reading (chunked uploads)."""
+    mb = limit / 2**20
+    if declared_length is not None:
+        try:
+            declared = int(declared_length)
+        except ValueError:
+            raise RequestError(400, f"Content-Length {declared_length[:40]!r} is not a number") from None
+        if declared > limit:
+            raise RequestError(413, f"upload of {declared / 2**20:.1f} MB is above the {mb:g} MB limit")
+    buf = bytearray()
+    async for chunk in stream:
+        buf += chunk
+        if len(buf) > limit:
+            raise RequestError(413, f"upload is above the {mb:g} MB limit")
+    return bytes(buf)
+
+
+async def image_bytes(content_type: str, headers, body: bytes) -> tuple[bytes, str]:
+    """(image bytes, a name for messages) from a multipart form (field 'file') or a raw image body."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "multipart/form-data":
+        data, name = await _from_form(headers, body)
+    elif kind == "" or kind.startswith(RAW_TYPES):
+        data, name = body, "upload"
+    else:
+        raise RequestError(415, f"content type {kind!r} is not accepted: send multipart/form-data with the image "
+                           f"in the field '{FORM_FIELD}', or the raw image bytes as image/* or application/octet-stream")
+    if not data:
+        raise RequestError(400, f"{name}: the upload is empty (0 bytes)")
+    return data, name
+
+
+async def _from_form(headers, body: bytes) -> tuple[bytes, str]:
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    class InMemoryParser(MultiPartParser):
+        spool_max_size = 2**62  # the body is already in memory and capped: never roll a part over to a temp file
+
+    async def once() -> AsyncIterator[bytes]:
+        yield body
+
+    try:
+        form = await InMemoryParser(headers, once(), max_files=1, max_fields=16).parse()
+    except MultiPartException as e:
+        raise RequestError(400, f"malformed multipart form: {e.message}") from None
+    try:
+        upload = form.get(FORM_FIELD)
+        if upload is None or isinstance(upload, str):
+            files = [k for k, v in form.multi_items() if not isinstance(v, str)]
+            got = f"file field(s) {files}" if files else "no file field"
+            what = "a text value" if isinstance(upload, str) else got
+            raise RequestError(400, f"send the image as a file in the multipart field '{FORM_FIELD}' (got {what})")
+        return upload.file.read(), upload_name(upload.filename)
+    finally:
+        await form.close()
+
+
+def decode_image(data: bytes, channels: int = 3, max_pixels: int | None = None, name: str = "upload") -> Image.Image:
+    """`load_image` on bytes in memory: an 'RGB' (channels=3) or 'L' (channels=1) image, or ImageError
+    naming `name`. The same steps in the same order as the file version, so the same bytes give the same
+    pixels (the API's answers equal `vitkit predict`'s on the same file)."""
+    limit = _images.MAX_PIXELS if max_pixels is None else max_pixels
+    if not data:
+        raise ImageError(f"{name}: the upload is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # as load_image: a warning is a refusal
+            with Image.open(io.BytesIO(data), formats=_images._FORMATS) as img:  # header only
+                w, h = img.size
+                if w * h > limit:
+                    raise ImageError(f"{name}: declared size {w}x{h} = {w * h / 1e6:.3g} megapixels is above the "
+                                     f"{limit / 1e6:.3g} megapixel limit (possible decompression bomb)")
+                img.seek(0)  # first frame of animations
+                img.load()  # full decode: truncation and corrupt data surface here
+                img = ImageOps.exif_transpose(img)
+                source = (img.width, img.height, img.mode)
+                out = _images._to_mode(img, channels, name)
+                out.info[_images.SOURCE_INFO] = source
+                return out
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ImageError(f"{name}: refused as a possible decompression bomb ({_images._one_line(e)})") from None
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"{name}: not an image file Pillow can read (unknown or corrupt format)") from None
+    except MemoryError:
+        raise ImageError(f"{name}: out of memory while decoding (image too large or corrupt)") from None
+    except Exception as e:  # noqa: BLE001  corrupt data raises many types inside Pillow's plugins
+        raise ImageError(f"{name}: corrupt or truncated image ({type(e).__name__}: {_images._one_line(e)})") from None
