@@ -262,11 +262,16 @@ def test_size_and_pixel_limits(bundled, uploads):
 
 
 def test_model_wait_timeout_is_503_and_recovers(bundled, uploads):
-    # 0.1 ms is less than any model call takes (queue hop, thread wake-up, a forward pass): the wait times out
-    app = create_app(bundled, name="b", request_timeout_s=1e-4)
+    # the real model made slow by a forward hook (1 s against a 0.2 s limit): the wait times out, the server
+    # stays up, and once the model is quick again the same request is answered
+    app = create_app(bundled, name="b", request_timeout_s=0.2)
     with TestClient(app) as c:
+        hook = app.state.service.model.register_forward_pre_hook(lambda module, args: time.sleep(1.0))
         assert "did not answer" in assert_one_line_error(post(c, "/v1/predict", uploads["camera.png"]), 503)
         assert c.get("/health").status_code == 200
+        hook.remove()
+        time.sleep(1.0)  # the timed-out batch finishes
+        assert post(c, "/v1/predict", uploads["camera.png"]).status_code == 200
 
 
 # ------------------------------------------------------------------------------------- the batcher

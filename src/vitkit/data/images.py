@@ -65,35 +65,50 @@ def load_image(path: str | os.PathLike, channels: int = 3, max_pixels: int | Non
     if size == 0:
         raise ImageError(f"{path}: the file is empty (0 bytes)")
 
+    return _decode(path, str(path), channels, limit)
+
+
+def decode_image(data: bytes, channels: int = 3, max_pixels: int | None = None, name: str = "upload") -> Image.Image:
+    """`load_image` for bytes in memory (an upload): the same checks and conversions in the same order, so
+    the same bytes give the same pixels as the file; errors name `name`."""
+    if channels not in (1, 3):
+        raise ImageError(f"{name}: channels must be 1 or 3, got {channels}")
+    if not data:
+        raise ImageError(f"{name}: the upload is empty (0 bytes)")
+    return _decode(io.BytesIO(data), name, channels, MAX_PIXELS if max_pixels is None else max_pixels)
+
+
+def _decode(source, name: str, channels: int, limit: int) -> Image.Image:
+    """Open `source` (a path or a binary file object), refuse a bomb from the header, decode fully, convert."""
     try:
         with warnings.catch_warnings():
             # Pillow warns (not raises) between its own limit and twice it: treat that as a refusal too
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path, formats=_FORMATS) as img:  # reads the header only
+            with Image.open(source, formats=_FORMATS) as img:  # reads the header only
                 w, h = img.size
                 if w * h > limit:
-                    raise ImageError(f"{path}: declared size {w}x{h} = {w * h / 1e6:.0f} megapixels is above "
-                                     f"the {limit / 1e6:.0f} megapixel limit (possible decompression bomb); "
+                    raise ImageError(f"{name}: declared size {w}x{h} = {w * h / 1e6:.3g} megapixels is above "
+                                     f"the {limit / 1e6:.3g} megapixel limit (possible decompression bomb); "
                                      "raise vitkit.data.images.MAX_PIXELS if the image is genuine")
                 img.seek(0)  # first frame of animations
                 img.load()  # force the full decode now: truncation and corrupt data surface here
                 img = ImageOps.exif_transpose(img)
-                source = (img.width, img.height, img.mode)
-                out = _to_mode(img, channels, path)
-                out.info[SOURCE_INFO] = source
+                src = (img.width, img.height, img.mode)
+                out = _to_mode(img, channels, name)
+                out.info[SOURCE_INFO] = src
                 return out
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise ImageError(f"{path}: refused as a possible decompression bomb ({_one_line(e)})") from None
+        raise ImageError(f"{name}: refused as a possible decompression bomb ({_one_line(e)})") from None
     except Image.UnidentifiedImageError:
-        raise ImageError(f"{path}: not an image file Pillow can read (unknown or corrupt format)") from None
+        raise ImageError(f"{name}: not an image file Pillow can read (unknown or corrupt format)") from None
     except PermissionError as e:
-        raise ImageError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise ImageError(f"{name}: cannot read ({e.strerror or e})") from None
     except MemoryError:
-        raise ImageError(f"{path}: out of memory while decoding (image too large or corrupt)") from None
+        raise ImageError(f"{name}: out of memory while decoding (image too large or corrupt)") from None
     except Exception as e:  # noqa: BLE001  corrupt data raises many types inside Pillow's plugins
-        raise ImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {_one_line(e)})") from None
+        raise ImageError(f"{name}: corrupt or truncated image ({type(e).__name__}: {_one_line(e)})") from None
 
 
 def image_source(img: Image.Image) -> tuple[int, int, int, str] | None:
@@ -119,7 +134,7 @@ def _one_line(e: BaseException) -> str:
     return text[:200] if text else type(e).__name__
 
 
-def _to_mode(img: Image.Image, channels: int, path: Path) -> Image.Image:
+def _to_mode(img: Image.Image, channels: int, path: Path | str) -> Image.Image:
     mode = img.mode
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
         gray = _scale_to_8bit(np.asarray(img))  # [H, W] uint8

@@ -25,10 +25,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from ..data.images import decode_image
 from ..errors import VitkitError
 from .batching import Batcher, BusyError
 from .service import ModelService
-from .uploads import RequestError, decode_image, image_bytes, read_body
+from .uploads import RequestError, image_bytes, read_body
 
 _IMAGE_BODY = {  # the OpenAPI description of the upload, since the body is parsed by hand (in memory)
     "required": True,

@@ -4,15 +4,10 @@ multipart form field or the raw body, and decoded with the same checks and conve
 refused). Nothing here opens, creates or names a path on the server's disk."""
 from __future__ import annotations
 
-import io
 import re
-import warnings
 from collections.abc import AsyncIterator
 
-from PIL import Image, ImageOps
-
-from ..data import images as _images
-from ..errors import ImageError, VitkitError
+from ..errors import VitkitError
 
 FORM_FIELD = "file"  # the multipart field the image goes in (curl -F file=@photo.jpg)
 RAW_TYPES = ("image/", "application/octet-stream")  # content types whose body is the image itself
@@ -92,37 +87,3 @@ async def _from_form(headers, body: bytes) -> tuple[bytes, str]:
         return upload.file.read(), upload_name(upload.filename)
     finally:
         await form.close()
-
-
-def decode_image(data: bytes, channels: int = 3, max_pixels: int | None = None, name: str = "upload") -> Image.Image:
-    """`load_image` on bytes in memory: an 'RGB' (channels=3) or 'L' (channels=1) image, or ImageError
-    naming `name`. The same steps in the same order as the file version, so the same bytes give the same
-    pixels (the API's answers equal `vitkit predict`'s on the same file)."""
-    limit = _images.MAX_PIXELS if max_pixels is None else max_pixels
-    if not data:
-        raise ImageError(f"{name}: the upload is empty (0 bytes)")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)  # as load_image: a warning is a refusal
-            with Image.open(io.BytesIO(data), formats=_images._FORMATS) as img:  # header only
-                w, h = img.size
-                if w * h > limit:
-                    raise ImageError(f"{name}: declared size {w}x{h} = {w * h / 1e6:.3g} megapixels is above the "
-                                     f"{limit / 1e6:.3g} megapixel limit (possible decompression bomb)")
-                img.seek(0)  # first frame of animations
-                img.load()  # full decode: truncation and corrupt data surface here
-                img = ImageOps.exif_transpose(img)
-                source = (img.width, img.height, img.mode)
-                out = _images._to_mode(img, channels, name)
-                out.info[_images.SOURCE_INFO] = source
-                return out
-    except ImageError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise ImageError(f"{name}: refused as a possible decompression bomb ({_images._one_line(e)})") from None
-    except Image.UnidentifiedImageError:
-        raise ImageError(f"{name}: not an image file Pillow can read (unknown or corrupt format)") from None
-    except MemoryError:
-        raise ImageError(f"{name}: out of memory while decoding (image too large or corrupt)") from None
-    except Exception as e:  # noqa: BLE001  corrupt data raises many types inside Pillow's plugins
-        raise ImageError(f"{name}: corrupt or truncated image ({type(e).__name__}: {_images._one_line(e)})") from None
