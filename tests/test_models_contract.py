@@ -18,6 +18,10 @@ def tiny_overrides(name: str) -> dict:
     cfg = entry.cfg
     if entry.family == "vit":
         return {"depth": 1, "embed_dim": 4 * cfg.num_heads, "img_size": 2 * cfg.patch_size}
+    if entry.family == "clip":  # both towers small; the image tower keeps its patch size and layout
+        v = cfg.vision
+        return {"vision": v.replace(depth=1, embed_dim=4 * v.num_heads, img_size=2 * v.patch_size), "embed_dim": 8,
+                "text_layers": 1, "text_width": 4 * cfg.text_heads, "vocab_size": 64}
     return {"img_size": 16}
 
 
@@ -61,6 +65,8 @@ def test_tiny_forward_backward_reset_and_round_trip(name, tmp_path):
     assert out.shape == (2, model.num_classes or model.num_features)
     out.float().square().mean().backward()
     unused = {"mask_token"}  # only takes part when patches are masked
+    if model.family == "clip":  # the text tower and temperature are not on the image path
+        unused |= {n for n, _ in model.named_parameters() if n.startswith("text.")} | {"logit_scale"}
     for n, p in model.named_parameters():
         if p.requires_grad and n not in unused:
             assert p.grad is not None and torch.isfinite(p.grad).all(), n

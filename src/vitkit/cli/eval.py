@@ -1,6 +1,8 @@
 """`vitkit eval CKPT [--data ...]`: top-1/top-5, per-class precision/recall and the confusion matrix; with
 `--protocol knn|linear` (comma-separated for several), frozen-feature evaluation (vitkit.probe): DINO's
 weighted k-NN and MAE's linear probe on the pooled features, the train split as bank / probe training set.
+With `--zeroshot`, CKPT is a CLIP pair and its classifier is built from the data's class names in words
+(vitkit.zeroshot: prompt templates, ensembled), then evaluated like any classifier.
 
 Without `--data`, the data the checkpoint was trained on (its provenance), split as in training (seed and
 validation fraction from the checkpoint, its run folder's config.json, or the recipe and command it records)."""
@@ -35,6 +37,12 @@ def register(sub) -> None:
     p.add_argument("--knn-t", type=float, default=0.07, help="knn: temperature of the exp(sim / T) votes")
     p.add_argument("--probe-epochs", type=positive_int, default=90, help="linear: epochs of the probe (default 90)")
     p.add_argument("--probe-seed", type=int, default=0, help="linear: seed of the probe's init and order")
+    p.add_argument("--zeroshot", action="store_true",
+                   help="CKPT is a CLIP pair: classify by the class names in words (needs --data; --labels gives "
+                   "the words for the data's classes, in their order, when the names are not words)")
+    from .zeroshot import add_zeroshot_args
+
+    add_zeroshot_args(p, labels_required=False)
     add_json(p)
     p.set_defaults(func=run)
 
@@ -54,7 +62,7 @@ def _protocols(text: str) -> tuple[str, ...]:
 def run(args) -> int:
     from ..inference import evaluate_on, training_data
 
-    model = load_backend(args.checkpoint, args.backend)
+    model = _zeroshot_model(args) if args.zeroshot else load_backend(args.checkpoint, args.backend)
     prov = getattr(model, "provenance", None) or (getattr(model, "meta", None) or {}).get("provenance") or {}
     trained = training_data(str(args.checkpoint), prov)
     data = args.data or trained["data"]
@@ -74,6 +82,8 @@ def run(args) -> int:
                                                              batch_size=args.batch_size, strict=args.strict)
     out |= {"seed": seed, "val_fraction": val_fraction,
             "data_from": "--data" if args.data else trained["from"]}
+    if args.zeroshot:
+        out["zeroshot"] = model.provenance["zeroshot"]
     names = out["class_names"]
 
     def render(d):
@@ -81,6 +91,10 @@ def run(args) -> int:
                     ["class", "precision %", "recall %", "support"],
                     [(c["class"], f"{c['precision']:.1f}", f"{c['recall']:.1f}", c["support"]) for c in d["per_class"]])
         print(f"top-1 {d['top1']:.2f}%  top-5 {d['top5']:.2f}%  loss {d['loss']:.4f}")
+        if d.get("zeroshot"):
+            z = d["zeroshot"]
+            print(f"zero-shot: {z['num_templates']} template(s) per class ({z['templates']}), prompts: "
+                  + ", ".join(z["prompts"][:10]) + (" ..." if len(z["prompts"]) > 10 else ""))
         if len(names) <= 30:
             print("confusion (rows: true, columns: predicted):")
             for name, row in zip(names, d["confusion"]):
@@ -123,3 +137,28 @@ def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_
 
     emit(args, out, render)
     return 0
+
+
+def _zeroshot_model(args):
+    """`--zeroshot`: the CLIP pair with the classifier for the data's classes (their names, or --labels in their
+    order) as its head, the data's class names as its class names."""
+    from ..data.datasets import load_data
+    from ..errors import ConfigError
+    from ..zeroshot import load_templates, parse_labels
+    from .zeroshot import load_zeroshot
+
+    if args.backend == "onnx" or str(args.checkpoint).lower().endswith(".onnx"):
+        raise ConfigError("--zeroshot needs the CLIP pair's text tower: give its checkpoint, not an ONNX file")
+    if not args.data:
+        raise ConfigError("--zeroshot needs --data (digits | fashion-mnist | FOLDER | MANIFEST.csv): a CLIP pair "
+                          "was not trained on a labelled set to default to")
+    load_templates(args.templates)  # a bad template file is refused before anything is read
+    names = load_data(args.data, strict=args.strict).class_names
+    prompts = parse_labels(args.labels) if args.labels else names
+    if len(prompts) != len(names):
+        raise ConfigError(f"--labels gives {len(prompts)} names, {args.data} has {len(names)} classes "
+                          f"({', '.join(names[:10])}{' ...' if len(names) > 10 else ''}): one per class, in that order")
+    model = load_zeroshot(args, prompts)
+    model.class_names = list(names)  # the data's names, so its labels map onto the classifier's rows
+    model.provenance["zeroshot"]["prompts"] = list(prompts)
+    return model
