@@ -1,6 +1,8 @@
 """`make bench`: vitkit against timm on the CPU, side by side in one process per part.
 
-Writes benchmarks/results/cpu-<part>.{md,json}; BENCHMARKS.md quotes those files. The standard profile
+Writes benchmarks/results/cpu-<part>.{md,json}; BENCHMARKS.md quotes those files. Each file records the CPU
+kind, its instruction sets and the fast paths vitkit took (vitkit.hardware; `vitkit doctor` explains them), so
+results from different machine kinds can be told apart. The standard profile
 takes about 15 minutes on the project's 2-core machines (run it idle); `--full` adds batch 32, the
 remaining backends and compile cases (1-2 hours). Extra arguments go to every `vitkit bench` call,
 e.g. `--quick` for a smoke run.

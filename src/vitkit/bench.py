@@ -129,8 +129,9 @@ def matmul_rates(n: int, repeats: int, clock: str = "wall", device: Any = "cpu")
 
 
 def machine_info(device=None) -> dict[str, Any]:
-    """CPU model, cores, torch/python versions, torch threads, the GPU if `device` is one, and the
-    versions of timm and onnxruntime where installed."""
+    """CPU model, cores, torch/python versions, torch threads, the CPU kind with its instruction sets and the
+    fast paths vitkit takes on `device` (vitkit.hardware), the GPU if `device` is one, and the versions of timm
+    and onnxruntime where installed."""
     import torch
 
     model = platform.processor() or platform.machine()
@@ -140,8 +141,13 @@ def machine_info(device=None) -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
     except (OSError, subprocess.SubprocessError):
         pass
+    from .hardware import detect, this_machine
+
+    caps = detect()
+    dev_type = torch.device(device).type if device is not None else "cpu"
     info = {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "cpu_kind": caps.kind, "isa": caps.isa_flags(),
+            "capabilities": caps.to_dict(), "fast_paths": this_machine(dev_type).to_dict()}
     if device is not None and torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     for lib in ("timm", "onnxruntime"):
@@ -371,7 +377,7 @@ def run_benchmarks(opts: BenchOptions, command: str | None = None) -> dict[str, 
 def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> list[dict[str, Any]]:
     import torch
 
-    vk = build_vitkit(name)
+    vk = _dispatched(build_vitkit(name), device)
     tm = timm_twin(vk)
     C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
     rows = []
@@ -391,10 +397,18 @@ def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> lis
     return rows
 
 
+def _dispatched(model, device):
+    """The model with the fast paths vitkit takes on this machine (vitkit.hardware), as a user would run it."""
+    from .hardware import apply_fast_paths, this_machine
+
+    apply_fast_paths(model, this_machine(device.type))
+    return model
+
+
 def _train_rows(name, opts: BenchOptions, device, peaks) -> list[dict[str, Any]]:
     import torch
 
-    vk = build_vitkit(name).train()
+    vk = _dispatched(build_vitkit(name), device).train()
     tm = timm_twin(vk).train()
     C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
     b = opts.train_batch
@@ -437,6 +451,9 @@ def markdown(report: dict[str, Any]) -> str:
              (f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads), "
               f"timm {m.get('timm', '-')}, onnxruntime {m.get('onnxruntime', '-')}"
               + (f", GPU {m['gpu']}" if "gpu" in m else "") + "  "),
+             *([f"CPU kind: {m['cpu_kind']} ({', '.join(m['isa']) or 'no AVX2'}); fast paths on: "
+                f"{', '.join(k for k, v in m['fast_paths']['paths'].items() if v['on']) or 'none'}  "]
+               if "cpu_kind" in m else []),  # older result files have no capabilities
              f"Clock: {report['clock']}; warm-up {report['warmup']}, median of {report['repeats']} round-robin repeats  ",
              "Matmul rates (square, the best per dtype is the '% peak' reference): "
              + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in report["matmul_gflops"].items()),

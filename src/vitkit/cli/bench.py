@@ -33,6 +33,8 @@ def register(sub) -> None:
                    help="wall time, or process CPU time (steadier on a shared machine; use with --threads 1)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run: tiny models, few repeats")
     p.add_argument("--out", help="also write OUT.md and OUT.json")
+    p.add_argument("--explain", action="store_true", help="print the detected hardware and the fast paths vitkit "
+                   "takes on it, with reasons (as `vitkit doctor`), and time nothing")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -40,6 +42,11 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..bench import BenchOptions, run_benchmarks, write_report
 
+    if args.explain:
+        from . import doctor
+
+        emit(args, doctor.report(), doctor.render)
+        return 0
     opts = BenchOptions(models=args.models, batches=args.batches, precisions=args.precisions, backends=args.backends,
                         train_models=args.train_models, train_batch=args.train_batch,
                         train_precisions=args.train_precisions, warmup=args.warmup, repeats=args.repeats,

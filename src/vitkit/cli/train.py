@@ -1,6 +1,7 @@
 """`vitkit train`: train or fine-tune on a built-in set, an image folder or a CSV manifest; resumable.
 
-Also runs under `torchrun --nproc_per_node N -m vitkit train ...` (DDP: gloo on CPU, nccl on GPU).
+Also runs under `torchrun --nproc_per_node N -m vitkit train ...` (DDP: gloo on CPU, nccl on GPU), or with
+`--strategy fsdp` sharded (training/fsdp.py).
 """
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def register(sub) -> None:
     p.add_argument("--stop-after-epochs", type=positive_int, metavar="N",
                    help="stop cleanly after epoch N (state, checkpoints and logs saved; no summary yet); "
                    "finish later with --out RUN --resume, which reaches the same weights as an uninterrupted run")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="auto (default): the recipe's bf16 only where the hardware has native bf16 (else fp32, "
+                   "with a note); bf16 or fp32 force it (`vitkit doctor` shows what this machine has)")
+    p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
+                   help="with more than one process (torchrun): ddp (default) replicates the model; fsdp shards "
+                   "weights, gradients and AdamW state (`vitkit cost MODEL --train-memory` compares them)")
     p.add_argument("--list-recipes", action="store_true", help="print the presets with their commands and targets")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines (the final line "
                    "with the report path still prints)")
@@ -139,7 +146,8 @@ def run(args) -> int:
     summary = train(recipe, out, resume=args.resume, finetune=finetune, strict=args.strict,
                     quiet=args.quiet or args.json, stop_after_epochs=args.stop_after_epochs,
                     command=canonical_command(recipe, out, finetune), overwrite=args.overwrite,
-                    lr_from_preset=not args.resume and not lr_given(args))
+                    lr_from_preset=not args.resume and not lr_given(args), precision=args.precision,
+                    strategy=args.strategy)
     if summary and args.json:
         emit(args, summary, lambda d: None)
     return 0

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from ..data.datasets import DataBundle, Transformed, default_val_fraction, load_data
 from ..data.transforms import eval_transform, train_transform
 from ..errors import ConfigError
+from ..hardware import apply_fast_paths, choose_precision, this_machine
 from ..runtime import torch_threads
 from . import models as model_io
 from .distributed import Interrupt, all_mean, all_mean_grads, barrier, setup_distributed, teardown
@@ -48,10 +49,17 @@ class Interrupted(KeyboardInterrupt):
 class Trainer:
     def __init__(self, recipe: Recipe, out: str | os.PathLike, *, resume: bool = False, finetune: str | None = None,
                  strict: bool = False, quiet: bool = False, stop_after_epochs: int | None = None,
-                 command: str | None = None, overwrite: bool = False, lr_from_preset: bool = False):
+                 command: str | None = None, overwrite: bool = False, lr_from_preset: bool = False,
+                 precision: str = "auto", strategy: str = "ddp"):
         """`overwrite`: replace a finished run in `out` (refused otherwise). `lr_from_preset`: the lr was not
-        chosen for this model (no --lr): refuse it when too high for a large model (recipes.check_preset_lr)."""
+        chosen for this model (no --lr): refuse it when too high for a large model (recipes.check_preset_lr).
+        `precision`: "auto" (the recipe's bf16 where the hardware has native bf16, else fp32), "bf16" or "fp32".
+        `strategy`: "ddp" or "fsdp" (training/fsdp.py), for more than one process."""
         self.recipe, self.out, self.resume, self.finetune = derive(recipe, finetune), Path(out), resume, finetune
+        self.precision = precision
+        if strategy not in ("ddp", "fsdp"):
+            raise ConfigError(f"strategy must be ddp or fsdp, got {strategy!r}")
+        self.strategy = strategy
         self.strict, self.quiet, self.stop_after_epochs = strict, quiet, stop_after_epochs
         self.overwrite, self.lr_from_preset = overwrite, lr_from_preset
         self.committed = False  # the first optimiser step ran: from here on a failure keeps the run folder
@@ -74,7 +82,15 @@ class Trainer:
         return None
 
     # -- setup
+    def _choose_precision(self) -> None:
+        """Training in bf16 only where the hardware has native bf16, unless forced (vitkit.hardware): the
+        recipe's `bf16` becomes what runs, so the tasks' autocast and config.json follow it."""
+        self.decisions = decisions = this_machine(self.device.type)
+        chosen, self.precision_note = choose_precision(self.precision, self.recipe.bf16, decisions)
+        self.recipe = self.recipe.replace(bf16=chosen == "bf16")
+
     def setup(self) -> None:
+        self._choose_precision()
         r, d = self.recipe, self.d
         torch.manual_seed(r.seed)
         # a folder or manifest without a val split gets one carved from train (recorded in the recipe and in
@@ -89,6 +105,7 @@ class Trainer:
         if self.lr_from_preset and not self.resume:
             check_preset_lr(r, sum(p.numel() for p in self.model.parameters()), self._model_name())
         self.model.class_names = self.data.class_names
+        apply_fast_paths(self.model, self.decisions)  # the switches a layer has, set for this machine
         self.data.set_channels(model_io.in_chans(self.model))
         self.model.to(self.device)
         pre = self.model.preprocess
@@ -99,7 +116,10 @@ class Trainer:
         self.test_set = Transformed(self.data.test, ev, deterministic=False) if self.data.test is not None else None
         self.ema = make_ema(self.model, r.ema_decay) if r.ema else None
         self.net = self.model
-        if d.world > 1:
+        self.fsdp, self.plain, self.grad_divisor = False, None, 1
+        if d.world > 1 and self.strategy == "fsdp":
+            self._shard()
+        elif d.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.net = DDP(self.model, device_ids=[d.local_rank] if self.device.type == "cuda" else None)
@@ -122,11 +142,44 @@ class Trainer:
         if self.resume:
             self._load_resume()
 
+    def _shard(self) -> None:
+        """FSDP: shard the model over the ranks. Rank 0 keeps a whole replica for evaluation and checkpoints,
+        loaded with the gathered weights at each epoch's end."""
+        import copy
+
+        from . import fsdp
+
+        r = self.recipe
+        fsdp.check_recipe(r)
+        if self.d.main:
+            self.plain = copy.deepcopy(self.model).eval()
+        self.fsdp = True
+        self.grad_divisor = fsdp.gradient_divisor(self.device, self.d.world, r.bf16)
+        fsdp.shard(self.model, self.device, self.d.world, r.bf16)
+
+    def _gather(self) -> tuple[dict, dict] | None:
+        """FSDP: the whole weights and optimiser state on rank 0 (every rank must call this); else None."""
+        if not self.fsdp:
+            return None
+        from .fsdp import full_state
+
+        model_sd, optim_sd = full_state(self.model, self.optimizer)
+        if self.plain is not None:
+            self.plain.load_state_dict(model_sd)
+        return model_sd, optim_sd
+
     def _load_resume(self) -> None:
         st = self.run_dir.load_state()
         info = st["info"]
-        self.model.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.fsdp:
+            from .fsdp import load_full_state
+
+            if self.plain is not None:  # first: loading into the sharded model turns the dict's tensors into shards
+                self.plain.load_state_dict(st["model"])
+            load_full_state(self.model, self.optimizer, st["model"], st["optimizer"])
+        else:
+            self.model.load_state_dict(st["model"])
+            self.optimizer.load_state_dict(st["optimizer"])
         if self.ema is not None and st["ema"] is not None:
             self.ema.load_state_dict(st["ema"])
         self.task.load_state_dict(st["task"])
@@ -139,12 +192,19 @@ class Trainer:
             self.run_dir.reconcile(self.history, self.step)
             self._console().print(f"resuming {self.out} at epoch {self.epoch + 1}, step {self.step}")
 
-    def _save_state(self) -> None:
+    def _save_state(self, gathered: tuple[dict, dict] | None = None) -> None:
+        """Every rank calls this (FSDP gathers the state unless `gathered` holds it); rank 0 writes."""
+        if self.fsdp and gathered is None:
+            gathered = self._gather()
         if self.d.main:
+            from .fsdp import SavedOptimizer
+
             info = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
                     "history": self.history, "best": self.best, "partial": self.partial,
                     "wall_time_s": self.wall_before + time.perf_counter() - self.t0, "recipe": self.recipe.name}
-            self.run_dir.save_state(model_sd=self.model.state_dict(), optimizer=self.optimizer, info=info,
+            model_sd, optimizer = ((gathered[0], SavedOptimizer(gathered[1])) if gathered
+                                   else (self.model.state_dict(), self.optimizer))
+            self.run_dir.save_state(model_sd=model_sd, optimizer=optimizer, info=info,
                                     ema_sd=self.ema.state_dict() if self.ema is not None else None,
                                     task_sd=self.task.state_dict())
 
@@ -184,6 +244,11 @@ class Trainer:
                           f"{self.device}", soft_wrap=True)
             if self.data.info.get("num_skipped"):
                 console.print(f"[yellow]skipped {self.data.info['num_skipped']} unreadable image(s)[/] (listed in config.json)")
+        if self.d.main:
+            console.print(f"precision {'bf16 autocast' if r.bf16 else 'fp32'}, {torch.get_num_threads()} torch "
+                          "thread(s) per process", soft_wrap=True)
+            if self.precision_note:
+                console.print(self.precision_note, soft_wrap=True)
         self.eta_pending = self.d.main and self._heavy()
         if self.eta_pending:
             self._print_cost(console)
@@ -257,6 +322,10 @@ class Trainer:
                     (out["loss"] / r.accum_steps).backward()
                 loss_total += out["loss"].item() / r.accum_steps
                 n_img += out.get("batch_size") or len(batch[0])
+            if self.grad_divisor != 1:  # FSDP on a backend that summed instead of averaging (training/fsdp.py)
+                from .fsdp import divide_grads
+
+                divide_grads(self.model, self.grad_divisor)
             all_mean_grads(self.task_params, d)
             mean_loss, stop = all_mean([loss_total, float(interrupt.flag)], d, self.device)
             if not math.isfinite(mean_loss):
@@ -314,6 +383,8 @@ class Trainer:
         self.step_log = []
 
     def _eval_model(self) -> nn.Module:
+        if self.plain is not None:  # FSDP: rank 0's whole replica (loaded by _gather)
+            return self.plain
         return self.ema.module if self.ema is not None else self.model
 
     def _evaluate(self, model: nn.Module, ds) -> dict[str, Any]:
@@ -328,6 +399,7 @@ class Trainer:
                                "img_per_s": p["seen"] / max(p["time"], 1e-9), "train_time_s": p["time"]}
         res: dict[str, Any] = {}
         raw = None
+        gathered = self._gather()  # FSDP: every rank takes part; rank 0's replica now holds the weights
         if self.d.main:
             res = self._evaluate(self._eval_model(), self.eval_set)
             rec |= {"eval_split": self.eval_split} | loggable(res, "eval_")
@@ -345,7 +417,7 @@ class Trainer:
                 self.best = {"score": res["score"]} | loggable(res) | {"epoch": rec["epoch"], "split": self.eval_split}
                 self.run_dir.save_checkpoint(self._eval_model(), "best.safetensors", self.data.class_names, prov)
             self._flush_steps()
-            self._save_state()
+            self._save_state(gathered)
             self.run_dir.write_metrics(self.history)
             console.print(f"epoch {rec['epoch']}/{r.epochs} loss {rec['train_loss']:.4f} {self.eval_split} "
                           f"{self.task.describe(res, raw)} {rec['img_per_s']:.0f} img/s",
@@ -368,7 +440,9 @@ class Trainer:
                 "data": self.data.name, "command": self.command, "epochs": self.history[-1]["epoch"],
                 "steps": self.step, "final": {"split": final_split} | loggable(res), "best": dict(self.best),
                 "wall_time_s": wall, "train_time_s": train_time, "img_per_s": seen / max(train_time, 1e-9),
-                "world_size": self.d.world, "ema": r.ema,
+                "world_size": self.d.world, "strategy": "fsdp" if self.fsdp else "ddp" if self.d.world > 1 else None,
+                "ema": r.ema, "precision": "bf16" if r.bf16 else "fp32",
+                "threads": torch.get_num_threads(),
                 **({"expected": r.expected} if r.expected else {}),  # a preset's own target, only on its own run
                 "skipped_images": self.data.info.get("num_skipped", 0),
             }

@@ -1,0 +1,379 @@
+"""What this machine can do, and which fast paths vitkit takes on it.
+
+`detect()` reads the CPU's instruction sets (AVX2, AVX-512, AVX-512 BF16/VNNI, AMX), its cores, and CUDA with
+its compute capability. `decide(caps)` turns that into one decision per fast path, each a documented rule of
+the capabilities with the measurement it rests on (the table below). A fast path is on only for the kind of
+machine where it was measured to win; on a kind nobody measured, vitkit takes the path timm takes, so it is
+never the one that loses. `vitkit doctor` prints both, with the reasons.
+
+Measured machine kinds (2 cores each, torch 2.14.1, vitkit against timm side by side in one process):
+
+| kind | example | fp32 Linear | bf16 | numbers |
+|---|---|---|---|---|
+| AVX-512 + native bf16 | AMD EPYC Zen 4 | oneDNN 1.4-1.8x MKL | native | BENCHMARKS.md (2026-11-29) |
+| AVX2 only | AMD EPYC Zen 3 | oneDNN lost (0.88-0.89x) | emulated: 3-7x slower than fp32 | issue 10's table |
+
+Rules (a decision's `why` says which one applied):
+  bf16              bf16 autocast by default only with native bf16: AVX512_BF16 or AMX on a CPU, compute
+                    capability >= 8.0 on CUDA. Zen 4: the fashion-mnist model's training step 1841 img/s
+                    bf16 vs 878 fp32; Zen 3: the recipe's first 40 steps < 43 img/s bf16 vs 306 fp32.
+  onednn_linear     fp32 nn.Linear through oneDNN instead of MKL sgemm: on AMD CPUs with AVX-512, where MKL
+                    takes its AVX2 path (Zen 4: ViT-Ti/S inference 1.4-1.8x, 32px training 1.42x timm). Off
+                    on AVX2-only CPUs (Zen 3: 0.88x / 0.89x timm in fp32, where this linear is the main
+                    difference from timm's path) and on kinds not measured (e.g. Intel with AVX-512, where
+                    MKL uses AVX-512 itself).
+  matmul_attention  bf16 attention as two matmuls + softmax instead of SDPA's flash kernel (CPU, <= 1024
+                    tokens): with native bf16 only (Zen 4: 2-5x faster); Zen 3 ran bf16 autocast at 0.64x
+                    timm, which uses SDPA.
+  native_encoder    torch's fused encoder-layer kernel for bf16 inference: with native bf16 only (Zen 4:
+                    1.07x); not measured elsewhere.
+  onnx_runtime      ONNX Runtime (fp32) instead of eager for inference: not chosen on Zen 4, where bf16 eager
+                    beats it (ViT-Ti batch 1: 124 vs 59 img/s; ViT-S batch 8: 63 vs 31); not measured on
+                    other kinds (`vitkit bench --precisions fp32 --backends eager onnx` measures it).
+
+Where no measured kind applies ("not measured"), `vitkit doctor --measure` times the two kernels that can be
+compared in isolation (fp32 linear: oneDNN vs F.linear; bf16 attention: matmul + softmax vs SDPA) at ViT-S
+shapes, a few seconds, and caches the ratios per machine (CPU model, torch version, threads) in
+$VITKIT_CACHE/fast-paths.json (default ~/.cache/vitkit); a path is then on where it measured over
+MEASURED_WIN times faster. Measurements fill in unmeasured kinds only: a rule backed by numbers from an idle
+machine is not overturned by a few seconds on a possibly busy one.
+
+`VITKIT_FAST_PATHS="onednn_linear=off,bf16=on"` overrides decisions for a process (to measure one against
+another, or to work around a rule that is wrong for a machine).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError
+
+DECISIONS = ("bf16", "onednn_linear", "matmul_attention", "native_encoder", "onnx_runtime")
+MEASURABLE = ("onednn_linear", "matmul_attention")  # what `measure` times in isolation
+MEASURED_WIN = 1.1  # a measured path is taken only this much faster than the other: beyond timing noise
+ENV_OVERRIDE = "VITKIT_FAST_PATHS"
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A machine's capabilities. Every field has a default, so a test can fake a machine kind by naming
+    only what it has: Capabilities(vendor="AuthenticAMD", avx2=True)."""
+
+    cpu: str = "unknown CPU"
+    vendor: str = ""  # /proc/cpuinfo's vendor_id: AuthenticAMD, GenuineIntel, ... ("" when unknown)
+    arch: str = "x86_64"
+    cores: int = 1  # cores this process may run on
+    avx2: bool = False
+    avx512f: bool = False
+    avx512_bf16: bool = False
+    avx512_vnni: bool = False
+    amx: bool = False  # AMX tiles (with bf16/int8 instructions)
+    torch_isa: str = "DEFAULT"  # torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512, ...
+    onednn: bool = True  # torch built with oneDNN (mkldnn) and its fused linear op
+    cuda: bool = False
+    gpu: str | None = None
+    cuda_capability: tuple[int, int] | None = None  # (major, minor) of device 0
+    torch: str = ""
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 arithmetic in hardware on the CPU (not emulated through fp32)."""
+        return self.avx512_bf16 or self.amx
+
+    @property
+    def kind(self) -> str:
+        """The CPU kind the rules distinguish."""
+        if self.avx512f and self.native_bf16:
+            return "x86-64, AVX-512 with native bf16"
+        if self.avx512f:
+            return "x86-64, AVX-512 without native bf16"
+        if self.avx2:
+            return "x86-64, AVX2 (no AVX-512)"
+        return f"{self.arch}, no AVX2"
+
+    def isa_flags(self) -> list[str]:
+        names = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx")
+        return [n for n in names if getattr(self, n)]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["cuda_capability"] = list(self.cuda_capability) if self.cuda_capability else None
+        return d | {"kind": self.kind, "native_bf16": self.native_bf16}
+
+
+def parse_cpuinfo(text: str) -> tuple[str, str, set[str]]:
+    """(model name, vendor_id, flags) from the first processor of a /proc/cpuinfo text."""
+    model = vendor = ""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return model, vendor, flags
+
+
+def _torch_cpu(name: str) -> bool:
+    fn = getattr(torch.cpu, name, None)  # private helpers of torch.cpu (torch >= 2.3); absent: not known
+    try:
+        return bool(fn()) if fn else False
+    except RuntimeError:
+        return False
+
+
+@functools.cache
+def detect() -> Capabilities:
+    """This machine's capabilities (read once per process)."""
+    info = Path("/proc/cpuinfo")
+    model, vendor, flags = parse_cpuinfo(info.read_text()) if info.exists() else ("", "", set())
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    caps = dict(
+        cpu=model or platform.processor() or platform.machine(), vendor=vendor, arch=platform.machine(),
+        cores=cores,
+        # the flags the kernel reports, or torch's own view (it reads CPUID through cpuinfo) where there are none
+        avx2="avx2" in flags or _torch_cpu("_is_avx2_supported"),
+        avx512f="avx512f" in flags or _torch_cpu("_is_avx512_supported"),
+        avx512_bf16="avx512_bf16" in flags or _torch_cpu("_is_avx512_bf16_supported"),
+        avx512_vnni="avx512_vnni" in flags or _torch_cpu("_is_vnni_supported"),
+        amx="amx_bf16" in flags or _torch_cpu("_is_amx_tile_supported"),
+        torch_isa=torch.backends.cpu.get_cpu_capability(),
+        onednn=torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"),
+        torch=torch.__version__,
+    )
+    if torch.cuda.is_available():
+        caps |= dict(cuda=True, gpu=torch.cuda.get_device_name(0), cuda_capability=torch.cuda.get_device_capability(0))
+    return Capabilities(**caps)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Which fast paths are on for one device, and why (one line per decision)."""
+
+    device: str  # "cpu" or "cuda"
+    bf16: bool  # bf16 autocast by default (training, and inference that asks for the fast precision)
+    onednn_linear: bool
+    matmul_attention: bool
+    native_encoder: bool
+    onnx_runtime: bool
+    why: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp32"
+
+    def rows(self) -> list[tuple[str, bool, str]]:
+        return [(name, getattr(self, name), self.why.get(name, "")) for name in DECISIONS]
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "precision": self.precision,
+                "paths": {name: {"on": on, "why": why} for name, on, why in self.rows()}}
+
+
+_UNMEASURED = "not measured on this kind of machine: the path timm takes"
+
+
+def _bf16_rule(caps: Capabilities, device: str) -> tuple[bool, str]:
+    if device == "cuda":
+        cc = caps.cuda_capability
+        if cc and cc >= (8, 0):
+            return True, f"compute capability {cc[0]}.{cc[1]} >= 8.0: bf16 tensor cores"
+        return False, f"compute capability {cc[0]}.{cc[1]} < 8.0: no bf16 tensor cores" if cc else "no CUDA device"
+    if caps.native_bf16:
+        return True, ("native bf16 (" + ("AMX" if caps.amx else "AVX512_BF16")
+                      + "); Zen 4: fashion-mnist training steps 1841 img/s bf16 vs 878 fp32")
+    return False, ("no native bf16 on this CPU (emulated through fp32); Zen 3: fashion-mnist training steps "
+                   "< 43 img/s bf16 vs 306 fp32")
+
+
+def _onednn_rule(caps: Capabilities, device: str) -> tuple[bool, str]:
+    if device == "cuda":
+        return False, "CPU only (CUDA runs cuBLAS)"
+    if not caps.onednn:
+        return False, "this torch build has no oneDNN linear"
+    if caps.avx512f and caps.vendor == "AuthenticAMD":
+        return True, "AMD with AVX-512: MKL sgemm takes its AVX2 path there; Zen 4: 1.4-1.8x timm in fp32"
+    if caps.avx2 and not caps.avx512f:
+        return False, "AVX2 only: MKL's AVX2 sgemm is as fast as it gets; Zen 3 with oneDNN: 0.88-0.89x timm"
+    return False, _UNMEASURED
+
+
+def _native_bf16_rule(measured: str, caps: Capabilities, device: str) -> tuple[bool, str]:
+    if device == "cuda":
+        return False, "measured on CPUs only; " + _UNMEASURED
+    if caps.native_bf16:
+        return True, f"native bf16; Zen 4: {measured}"
+    return False, "no native bf16: " + _UNMEASURED
+
+
+def _onnx_rule(caps: Capabilities, device: str) -> tuple[bool, str]:
+    if device == "cuda":
+        return False, "vitkit runs ONNX Runtime on the CPU only"
+    if caps.native_bf16:
+        return False, "bf16 eager is faster here; Zen 4: ViT-Ti batch 1 124 vs 59 img/s, ViT-S batch 8 63 vs 31"
+    return False, _UNMEASURED + " (`vitkit bench --precisions fp32 --backends eager onnx` measures it)"
+
+
+def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] | None = None,
+           measured: dict | None = None) -> Decisions:
+    """The fast paths for `device` ("cpu" or "cuda") on a machine with `caps`. `measured` (a `measure` result)
+    decides the CPU paths that no rule covers ("not measured"); `overrides` (decision -> on) replace any answer
+    and say so."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be cpu or cuda, got {device!r}")
+    rules = {
+        "bf16": _bf16_rule(caps, device),
+        "onednn_linear": _onednn_rule(caps, device),
+        "matmul_attention": _native_bf16_rule("2-5x faster than SDPA's flash kernel; Zen 3 with it: 0.64x timm",
+                                              caps, device),
+        "native_encoder": _native_bf16_rule("1.07x the module path", caps, device),
+        "onnx_runtime": _onnx_rule(caps, device),
+    }
+    ratios = (measured or {}).get("ratios", {})
+    for name in MEASURABLE:
+        if device == "cpu" and _UNMEASURED in rules[name][1] and name in ratios:
+            r = ratios[name]
+            rules[name] = (r > MEASURED_WIN, f"measured on this machine ({measured.get('date', '?')}): {r:.2f}x the "
+                           f"other path, {'over' if r > MEASURED_WIN else 'not over'} {MEASURED_WIN}x")
+    for name, on in (overrides or {}).items():
+        if name not in rules:
+            raise ConfigError(f"unknown fast path {name!r}; known: {', '.join(DECISIONS)}")
+        rules[name] = (bool(on), f"set by {ENV_OVERRIDE} (the rule says {'on' if rules[name][0] else 'off'})")
+    return Decisions(device=device, **{k: v[0] for k, v in rules.items()}, why={k: v[1] for k, v in rules.items()})
+
+
+def parse_overrides(text: str | None) -> dict[str, bool]:
+    """'onednn_linear=off,bf16=on' -> {'onednn_linear': False, 'bf16': True}."""
+    out: dict[str, bool] = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip().lower()
+        if not sep or name not in DECISIONS or value not in _ON + _OFF:
+            raise ConfigError(f"{ENV_OVERRIDE}: expected NAME=on|off with NAME one of {', '.join(DECISIONS)}, "
+                              f"got {item!r}")
+        out[name] = value in _ON
+    return out
+
+
+def this_machine(device: str = "cpu") -> Decisions:
+    """The decisions for this machine: the rules, this machine's cached measurements (`vitkit doctor
+    --measure`) where no rule applies, and the overrides of $VITKIT_FAST_PATHS."""
+    caps = detect()
+    return decide(caps, device, parse_overrides(os.environ.get(ENV_OVERRIDE)), cached_measurement(caps))
+
+
+# ---------------------------------------------------------------------------- the one-time micro-benchmark
+def cache_file() -> Path:
+    return Path(os.environ.get("VITKIT_CACHE") or Path.home() / ".cache" / "vitkit") / "fast-paths.json"
+
+
+def machine_key(caps: Capabilities) -> str:
+    """What a measurement holds for: the CPU model, the torch version and the thread count."""
+    return f"{caps.cpu} | torch {caps.torch} | {torch.get_num_threads()} threads"
+
+
+def cached_measurement(caps: Capabilities) -> dict | None:
+    """This machine's cached `measure` result, or None (no cache, another machine, an unreadable file)."""
+    try:
+        return json.loads(cache_file().read_text()).get(machine_key(caps))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _paired_median(a, b, rounds: int) -> float:
+    """Median over rounds of time(a) / time(b), each round timing both (order alternating): > 1, b is faster."""
+    out = []
+    for r in range(rounds):
+        times = {}
+        for name, fn in ((("a", a), ("b", b)) if r % 2 == 0 else (("b", b), ("a", a))):
+            t0 = time.perf_counter()
+            fn()
+            times[name] = time.perf_counter() - t0
+        out.append(times["a"] / times["b"])
+    return statistics.median(out)
+
+
+def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int = 6) -> dict:
+    """Time each MEASURABLE path against the path timm takes, at ViT-S/16 batch-8 shapes; a few seconds.
+    Returns {"ratios": {path: other_time / path_time}, "date": ..., "shapes": ...}."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(tokens, dim, generator=g), torch.randn(4 * dim, dim, generator=g)  # MLP fc1: [T, D] x [4D, D]^T
+    ratios = {}
+    with torch.inference_mode():
+        if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available():
+            ratios["onednn_linear"] = _paired_median(
+                lambda: torch.nn.functional.linear(x, w),
+                lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""), rounds)
+        q, k, v = (torch.randn(tokens // 197, heads, 197, dim // heads, generator=g).bfloat16() for _ in range(3))
+
+        def matmul_attention():
+            return ((q * (dim // heads) ** -0.5) @ k.transpose(-2, -1)).softmax(-1) @ v  # [B, H, N, Dh]
+
+        ratios["matmul_attention"] = _paired_median(
+            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), matmul_attention, rounds)
+    return {"ratios": ratios, "date": datetime.date.today().isoformat(),
+            "shapes": {"tokens": tokens, "dim": dim, "heads": heads}}
+
+
+def measure_and_cache(caps: Capabilities | None = None, rounds: int = 15) -> dict:
+    """`measure` and store the result for this machine in `cache_file()` (written atomically)."""
+    from ._files import atomic_write_text
+
+    caps = caps or detect()
+    result = measure(rounds)
+    path = cache_file()
+    try:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        cache = {}  # an unreadable cache is replaced
+    cache[machine_key(caps)] = result
+    atomic_write_text(path, json.dumps(cache, indent=2) + "\n")
+    return result
+
+
+def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tuple[str, str | None]:
+    """The training precision ("bf16" or "fp32") and a one-line note when it is not what was asked.
+
+    `asked` is "auto" (the recipe's `bf16`, where the hardware has native bf16), "bf16" (forced) or "fp32"."""
+    if asked not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"precision must be auto, bf16 or fp32, got {asked!r}")
+    if asked != "auto":
+        if asked == "bf16" and not decisions.bf16:
+            return "bf16", f"note: bf16 forced although {decisions.why['bf16']}"
+        return asked, None
+    if recipe_bf16 and not decisions.bf16:
+        return "fp32", (f"note: the recipe asks for bf16; training in fp32 instead: {decisions.why['bf16']} "
+                        "(--precision bf16 forces it)")
+    return ("bf16" if recipe_bf16 else "fp32"), None
+
+
+def apply_fast_paths(model: torch.nn.Module, decisions: Decisions) -> dict[str, int]:
+    """Set each module's fast-path switch to the decision, where the module has that switch:
+    `native_fastpath` (encoder blocks), `matmul_attention` (attention), `onednn` (linear layers).
+    Returns how many modules each switch was set on."""
+    switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
+                "onednn": decisions.onednn_linear}
+    counts = dict.fromkeys(switches, 0)
+    for module in model.modules():
+        for attr, on in switches.items():
+            if isinstance(getattr(module, attr, None), bool):
+                setattr(module, attr, on)
+                counts[attr] += 1
+    return counts

@@ -1,0 +1,247 @@
+"""Capability detection and the fast-path decisions (vitkit.hardware): every rule against faked machine kinds,
+detection against this machine's own /proc/cpuinfo, and where the decisions show up: `vitkit doctor`,
+`vitkit bench --explain` and result files, the precision `vitkit train` chooses, `vitkit cost --train-memory`
+and the prepared GPU benchmark."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.cli.main import main as cli
+from vitkit.errors import ConfigError
+from vitkit.hardware import (
+    Capabilities,
+    apply_fast_paths,
+    choose_precision,
+    decide,
+    detect,
+    parse_cpuinfo,
+    parse_overrides,
+)
+
+# the two measured kinds (issue 10), and two that nobody measured
+ZEN4 = Capabilities(cpu="AMD EPYC 9454", vendor="AuthenticAMD", avx2=True, avx512f=True, avx512_bf16=True,
+                    avx512_vnni=True)
+ZEN3 = Capabilities(cpu="AMD EPYC 7763", vendor="AuthenticAMD", avx2=True)
+SAPPHIRE_RAPIDS = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True, avx512_bf16=True, amx=True)
+SKYLAKE_SP = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True)
+PATHS = ("bf16", "onednn_linear", "matmul_attention", "native_encoder", "onnx_runtime")
+
+
+def _on(d) -> dict[str, bool]:
+    return {p: getattr(d, p) for p in PATHS}
+
+
+@pytest.mark.parametrize("caps, expected", [
+    (ZEN4, dict(bf16=True, onednn_linear=True, matmul_attention=True, native_encoder=True, onnx_runtime=False)),
+    (ZEN3, dict(bf16=False, onednn_linear=False, matmul_attention=False, native_encoder=False, onnx_runtime=False)),
+    # Intel's MKL runs AVX-512 itself: oneDNN's linear is not measured to win there
+    (SAPPHIRE_RAPIDS, dict(bf16=True, onednn_linear=False, matmul_attention=True, native_encoder=True,
+                           onnx_runtime=False)),
+    (SKYLAKE_SP, dict(bf16=False, onednn_linear=False, matmul_attention=False, native_encoder=False,
+                      onnx_runtime=False)),
+    (Capabilities(arch="aarch64"), dict.fromkeys(PATHS, False)),
+], ids=["zen4", "zen3", "sapphire-rapids", "skylake-sp", "arm"])
+def test_cpu_rules(caps, expected):
+    d = decide(caps)
+    assert _on(d) == expected
+    assert d.precision == ("bf16" if expected["bf16"] else "fp32")
+    assert all(d.why[p] for p in PATHS)  # every decision says why
+
+
+def test_rules_name_their_evidence():
+    assert "0.88-0.89x" in decide(ZEN3).why["onednn_linear"]  # Zen 3's measured loss
+    assert "1.4-1.8x" in decide(ZEN4).why["onednn_linear"]
+    assert "not measured" in decide(SKYLAKE_SP).why["onednn_linear"]
+    assert "306 fp32" in decide(ZEN3).why["bf16"]
+    assert "AMX" in decide(SAPPHIRE_RAPIDS).why["bf16"]
+
+
+def test_onednn_needs_the_build():
+    d = decide(Capabilities(vendor="AuthenticAMD", avx2=True, avx512f=True, avx512_bf16=True, onednn=False))
+    assert not d.onednn_linear and "oneDNN" in d.why["onednn_linear"]
+
+
+@pytest.mark.parametrize("cc, bf16", [((9, 0), True), ((8, 0), True), ((7, 5), False)])
+def test_cuda_rules(cc, bf16):
+    d = decide(Capabilities(cuda=True, gpu="GPU", cuda_capability=cc), "cuda")
+    assert d.bf16 is bf16 and d.device == "cuda"
+    # the CPU fast paths are CPU-only; the native encoder kernel was measured on CPUs only
+    assert not (d.onednn_linear or d.matmul_attention or d.native_encoder or d.onnx_runtime)
+
+
+def test_overrides_and_their_errors(monkeypatch):
+    assert parse_overrides(" onednn_linear=off, bf16=ON ") == {"onednn_linear": False, "bf16": True}
+    assert parse_overrides("") == {}
+    d = decide(ZEN3, overrides={"bf16": True})
+    assert d.bf16 and "VITKIT_FAST_PATHS" in d.why["bf16"] and "rule says off" in d.why["bf16"]
+    for bad in ("bf16", "bf16=maybe", "turbo=on"):
+        with pytest.raises(ConfigError, match="VITKIT_FAST_PATHS"):
+            parse_overrides(bad)
+    with pytest.raises(ConfigError, match="unknown fast path"):
+        decide(ZEN4, overrides={"turbo": True})
+    with pytest.raises(ConfigError, match="cpu or cuda"):
+        decide(ZEN4, "tpu")
+
+
+def test_choose_precision():
+    zen4, zen3 = decide(ZEN4), decide(ZEN3)
+    assert choose_precision("auto", True, zen4) == ("bf16", None)
+    precision, note = choose_precision("auto", True, zen3)  # the recipe asks bf16 on an emulating CPU
+    assert precision == "fp32" and "training in fp32" in note and "--precision bf16" in note
+    assert choose_precision("auto", False, zen4) == ("fp32", None)  # a recipe in fp32 stays fp32
+    precision, note = choose_precision("bf16", False, zen3)  # forced: done, with a note
+    assert precision == "bf16" and "forced" in note
+    assert choose_precision("fp32", True, zen4) == ("fp32", None)
+    with pytest.raises(ConfigError, match="auto, bf16 or fp32"):
+        choose_precision("fp16", True, zen4)
+
+
+def test_detect_reads_this_machine():
+    caps = detect()
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if not text:
+        pytest.skip("no /proc/cpuinfo")
+    model, vendor, flags = parse_cpuinfo(text)
+    assert flags and caps.vendor == vendor and caps.cpu == model
+    for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni"):
+        assert getattr(caps, flag) == (flag in flags), flag
+    assert caps.amx == ("amx_bf16" in flags)
+    assert caps.torch_isa == torch.backends.cpu.get_cpu_capability()
+    assert caps.cuda == torch.cuda.is_available()
+
+
+def _ops(model, x) -> set[str]:
+    """The aten ops a no-grad forward runs (torch's profiler: what ran, not what a flag says)."""
+    from torch.profiler import profile
+
+    with torch.no_grad(), profile() as prof:
+        model(x)
+    return {e.key for e in prof.key_averages()}
+
+
+def test_apply_fast_paths_switches_the_native_kernel():
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_pico_patch2_8", num_classes=3).eval().to(torch.bfloat16)
+    x = torch.randn(2, *model.preprocess.input_size, dtype=torch.bfloat16)
+    counts = apply_fast_paths(model, decide(ZEN3))
+    assert counts["native_fastpath"] == len(model.blocks)
+    assert "aten::_transformer_encoder_layer_fwd" not in _ops(model, x)
+    apply_fast_paths(model, decide(ZEN4))
+    assert "aten::_transformer_encoder_layer_fwd" in _ops(model, x)
+
+
+def test_doctor_and_bench_explain(monkeypatch, capsys):
+    assert cli(["doctor", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["capabilities"] == detect().to_dict()
+    assert set(out["decisions"]["cpu"]["paths"]) == set(PATHS)
+    monkeypatch.setenv("VITKIT_FAST_PATHS", "bf16=off")
+    assert cli(["bench", "--explain", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decisions"]["cpu"]["precision"] == "fp32"
+    monkeypatch.setenv("VITKIT_FAST_PATHS", "bf16=sometimes")
+    assert cli(["doctor"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vitkit doctor: error: VITKIT_FAST_PATHS") and "\n" not in err
+
+
+def test_bench_result_records_the_machine_kind(tmp_path):
+    from vitkit.bench import machine_info, markdown
+
+    info = machine_info("cpu")
+    caps = detect()
+    assert info["cpu_kind"] == caps.kind and info["isa"] == caps.isa_flags()
+    assert info["fast_paths"]["device"] == "cpu"
+    report = {"command": "x", "options": {}, "date": "d", "machine": info, "clock": "wall", "warmup": 1,
+              "repeats": 1, "matmul_gflops": {}, "rows": [], "notes": ""}
+    assert f"CPU kind: {caps.kind}" in markdown(report)
+
+
+def test_train_prints_and_records_the_precision(tmp_path, monkeypatch, capsys):
+    args = ["train", "--epochs", "1", "--set", "steps_per_epoch=1", "--set", "bf16=true", "--set", "ema=false"]
+    monkeypatch.setenv("VITKIT_FAST_PATHS", "bf16=off")  # as on a CPU without native bf16
+    assert cli([*args, "--out", str(tmp_path / "auto")]) == 0
+    err = capsys.readouterr().err
+    assert "precision fp32, 1 torch thread(s)" in err and "the recipe asks for bf16; training in fp32" in err
+    summary = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert summary["precision"] == "fp32" and summary["threads"] == 1
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["recipe"]["bf16"] is False
+    assert cli([*args, "--precision", "bf16", "--out", str(tmp_path / "forced")]) == 0
+    assert "bf16 forced" in capsys.readouterr().err
+    assert json.loads((tmp_path / "forced" / "summary.json").read_text())["precision"] == "bf16"
+
+
+def test_train_memory_ddp_vs_fsdp(capsys):
+    from vitkit.analysis.cost import train_memory
+
+    model = vitkit.create_model("vit_pico_patch2_8")
+    params = sum(p.numel() for p in model.parameters())
+    ddp, fsdp = train_memory("vit_pico_patch2_8", devices=4, batch=2)
+    assert ddp.params == ddp.grads == 4 * params and ddp.optimizer == 8 * params and ddp.working == 0
+    assert fsdp.params == -(-4 * params // 4) and fsdp.optimizer == -(-8 * params // 4)
+    assert fsdp.activations == ddp.activations  # the batch does not shard
+    assert 0 < fsdp.working and fsdp.total < ddp.total
+    one = train_memory("vit_pico_patch2_8", devices=1)
+    assert one[0].total == one[1].total
+    with pytest.raises(ConfigError, match="devices"):
+        train_memory("vit_pico_patch2_8", devices=0)
+    assert cli(["cost", "vit_huge_patch14_224", "--train-memory", "--devices", "8", "--batch", "32", "--dtype",
+                "bf16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["train_memory"]
+    assert [r["strategy"] for r in rows] == ["ddp", "fsdp"] and rows[1]["total"] < rows[0]["total"]
+
+
+def _gpu_script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_benchmark_without_cuda(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the benchmark would run for minutes")
+    gpu = _gpu_script()
+    assert gpu.main(["--out", str(tmp_path / "gpu")]) == 2
+    assert "no CUDA device is visible" in capsys.readouterr().err
+    assert not (tmp_path / "gpu.md").exists()
+    assert gpu.main(["--smoke", "--out", str(tmp_path / "smoke")]) == 0  # the harness itself, on the CPU
+    report = json.loads((tmp_path / "smoke.json").read_text())
+    cases = {(r["task"], r["library"], r["backend"]) for r in report["rows"]}
+    assert {("infer", "vitkit", "eager"), ("infer", "timm", "eager"), ("train", "vitkit", "eager"),
+            ("train", "timm", "eager"), ("infer", "vitkit", "eager channels-last")} <= cases
+    assert all(r["vs_timm"] > 0 for r in report["rows"] if r["library"] == "vitkit")
+
+
+def test_measurements_fill_in_only_unmeasured_kinds():
+    win, lose = {"ratios": {"onednn_linear": 1.3, "matmul_attention": 1.05}, "date": "d"}, \
+        {"ratios": {"onednn_linear": 0.8}, "date": "d"}
+    d = decide(SKYLAKE_SP, measured=win)
+    assert d.onednn_linear and "measured on this machine" in d.why["onednn_linear"]
+    assert not d.matmul_attention and "not over 1.1x" in d.why["matmul_attention"]  # within noise: timm's path
+    assert not decide(SKYLAKE_SP, measured=lose).onednn_linear
+    assert not decide(ZEN3, measured=win).onednn_linear  # a measured kind keeps its rule
+    assert not decide(SKYLAKE_SP, "cuda", measured=win).onednn_linear
+
+
+def test_doctor_measure_caches_per_machine(tmp_path, monkeypatch, capsys):
+    from vitkit import hardware
+
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
+    assert hardware.cached_measurement(detect()) is None
+    (tmp_path / "fast-paths.json").write_text("not json")  # an unreadable cache is no cache, and is replaced
+    assert hardware.cached_measurement(detect()) is None
+    assert cli(["doctor", "--measure", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cache = json.loads((tmp_path / "fast-paths.json").read_text())
+    assert list(cache) == [hardware.machine_key(detect())]
+    ratios = cache[hardware.machine_key(detect())]["ratios"]
+    assert set(ratios) <= set(hardware.MEASURABLE) and all(r > 0 for r in ratios.values())
+    assert out["measured"] == cache[hardware.machine_key(detect())]
