@@ -22,6 +22,9 @@ def tiny_overrides(name: str) -> dict:
         v = cfg.vision
         return {"vision": v.replace(depth=1, embed_dim=4 * v.num_heads, img_size=2 * v.patch_size), "embed_dim": 8,
                 "text_layers": 1, "text_width": 4 * cfg.text_heads, "vocab_size": 64}
+    if entry.family == "swin":  # one block per stage (the first keeps a shifted pair), width 8, window 2
+        n = len(cfg.depths)
+        return {"img_size": 32, "embed_dim": 8, "depths": (2,) + (1,) * (n - 1), "num_heads": (1,) * n, "window_size": 2}
     return {"img_size": 16}
 
 

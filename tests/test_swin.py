@@ -83,7 +83,7 @@ def test_intermediates_match_timm(photo_batch):
     assert len(last2) == 2 and torch.equal(last2[1], all4[3])
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", vitkit.list_models(family="swin"))
 def test_full_size_parameter_counts_equal_timm(name):
     with torch.device("meta"):
         ours = vitkit.create_model(name)
@@ -98,6 +98,12 @@ def test_registered_names_preprocess():
         assert e.family == "swin" and e.cfg.window_size == 7 and e.cfg.patch_size == 4
         assert (e.mean, e.std, e.crop_pct, e.interpolation) == (IMAGENET_MEAN, IMAGENET_STD, 0.9, "bicubic")
     assert get_entry(NAMES[2]).cfg.embed_dim == 128 and get_entry(NAMES[1]).cfg.depths == (2, 2, 18, 2)
+    for name in vitkit.list_models(family="swin"):  # every registered name: timm's input size, crop and hub tags
+        e = get_entry(name)
+        for tag, weights in e.pretrained.items():
+            cfg = timm.models.get_pretrained_cfg(f"{name}.{tag}")
+            assert weights.hub == cfg.hf_hub_id and tuple(cfg.input_size[1:]) == e.cfg.img_size
+            assert (cfg.crop_pct, cfg.interpolation, tuple(cfg.mean)) == (e.crop_pct, e.interpolation, e.mean)
 
 
 def test_window_helpers_match_timm():
@@ -175,3 +181,62 @@ def test_checkpoint_at_another_window_loads_with_the_table_resampled():
     assert resize_rel_pos_bias_table(t, (7, 7)) is t
     with torch.no_grad():
         assert torch.isfinite(dst(torch.randn(1, 3, 256, 256))).all()
+
+
+# ---------------------------------------------------------------------------- closed-form cost
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_cost_counts_the_real_model(case):
+    """Parameters equal the model's; MACs equal torch's FlopCounterMode (which counts the linears, convs and
+    merging matmuls) plus the attention scores measured on the windows the blocks really attend over."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitkit.layers.window_attention import WindowAttention
+    from vitkit.models.swin import swin_cost
+
+    cfg = SwinConfig(**case[1])
+    model = SwinTransformer(cfg).eval()
+    cost = swin_cost(cfg)
+    assert sum(cost["params"].values()) == sum(p.numel() for p in model.parameters())
+    scores = []  # QK^T and AV: 2 * windows * N^2 * C per attention call
+    hooks = [m.register_forward_pre_hook(lambda m, a: scores.append(2 * a[0].shape[0] * a[0].shape[1] ** 2
+                                                                   * a[0].shape[2]))
+             for m in model.modules() if isinstance(m, WindowAttention)]
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.randn(1, 3, *cfg.img_size))
+    for h in hooks:
+        h.remove()
+    assert cost["macs"]["attn_scores"] == sum(scores)
+    assert sum(cost["macs"].values()) - cost["macs"]["attn_scores"] == counter.get_total_flops() // 2
+
+
+@pytest.mark.parametrize("name,gmacs", [(NAMES[0], 4.51), (NAMES[1], 8.77), (NAMES[2], 15.47),
+                                        ("swin_base_patch4_window12_384", 47.19),
+                                        ("swin_large_patch4_window7_224", 34.53)])
+def test_cost_matches_timm_published_gmacs(name, gmacs):
+    from vitkit.analysis.cost import model_cost
+
+    r = model_cost(name)  # timm's figures count LayerNorms and softmax too (<1% here)
+    assert r.gmacs_per_image == pytest.approx(gmacs, rel=1e-2)
+    with torch.device("meta"):
+        assert r.params_total == sum(p.numel() for p in vitkit.create_model(name).parameters())
+
+
+def test_cost_cli_shows_window_vs_global_attention(capsys):
+    import json
+
+    from vitkit.cli.main import main
+
+    stages = {}
+    for size in (224, 384):
+        assert main(["cost", NAMES[0], "--img-size", str(size), "--json"]) == 0
+        stages[size] = json.loads(capsys.readouterr().out)["stages"]
+    s224 = stages[224]
+    assert s224["tokens"] == {"stage0": 56 * 56, "stage1": 28 * 28, "stage2": 14 * 14, "stage3": 7 * 7}
+    # stage 0 at 224: 64 windows of 49 tokens, 3 heads, 2 blocks, against 3136^2 scores per head and block
+    assert s224["attn_scores"]["stage0"] == 2 * 3 * 64 * 49 * 49
+    assert s224["global_attn_scores"]["stage0"] == 2 * 3 * 3136 ** 2
+    ratio = {s: sum(v["global_attn_scores"].values()) / sum(v["attn_scores"].values()) for s, v in stages.items()}
+    assert ratio[384] > 2 * ratio[224] > 2  # global attention grows with T^2, windows with T
+    assert main(["cost", NAMES[0]]) == 0
+    assert "windows vs global attention" in capsys.readouterr().out

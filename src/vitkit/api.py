@@ -2,7 +2,8 @@
 
 A checkpoint is read once into a `Checkpoint` (weights in the family's key names plus what the file says
 about itself), whatever its format: vitkit's own files name their family and config; foreign layouts are
-imported by key signature (weights.convert) and their ViT architecture is read off the shapes.
+imported by key signature (weights.convert), each into the family its importer declares (a timm or original
+Swin file is a Swin), and their architecture is read off the shapes.
 """
 from __future__ import annotations
 
@@ -35,15 +36,17 @@ class Checkpoint:
     state_dict: StateDict
     layout: str  # "vitkit" or the foreign layout it was imported from
     family: str
-    config: Any = None  # the family's config (vitkit files); None: read it off the weights
+    config: Any = None  # the family's config (vitkit files, non-ViT importers); None: read a ViT's off the weights
     preprocess: Preprocess | None = None
     class_names: list[str] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
     hints: dict[str, Any] = field(default_factory=dict)  # config fields the foreign source states
 
     def head_classes(self, head_names: tuple[str, ...]) -> int | None:
-        """Rows of the checkpoint's classifier head, or None when it has none."""
-        w = self.state_dict.get(f"{head_names[0]}.weight") if head_names else None
+        """Rows of the checkpoint's classifier head, or None when it has none (`head.weight`, or a
+        `head.fc.weight` inside a head module as Swin's)."""
+        w = next((self.state_dict[k] for k in (f"{head_names[0]}.weight", f"{head_names[0]}.fc.weight")
+                  if k in self.state_dict), None) if head_names else None
         return int(w.shape[0]) if w is not None else None
 
 
@@ -110,13 +113,14 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         return Checkpoint(str(path), raw, "vitkit", fam.name, fam.config.from_dict(vk["config"]),
                           Preprocess.from_dict(vk["preprocess"]) if vk["preprocess"] else None,
                           vk["class_names"] or None, dict(vk["provenance"] or {}))
-    imported = to_vitkit(raw, hf_config)  # every foreign layout vitkit reads is a ViT
-    return Checkpoint(str(path), imported.state_dict, imported.layout, "vit", None, imported.preprocess,
-                      imported.class_names, {"source": str(path)}, dict(imported.hints))
+    imported = to_vitkit(raw, hf_config)  # the importer's layout declares the family
+    return Checkpoint(str(path), imported.state_dict, imported.layout, imported.family, imported.config,
+                      imported.preprocess, imported.class_names, {"source": str(path)}, dict(imported.hints))
 
 
 def checkpoint_family(path: str | os.PathLike) -> str:
-    """The model family a checkpoint holds, from a vitkit file's header alone (foreign layouts are ViTs)."""
+    """The model family a checkpoint holds: a vitkit file's header alone; a foreign file is imported (its
+    layout declares the family: a Swin file is a Swin, the ViT layouts are ViTs)."""
     name = pretrained_name(path)
     if name is not None:
         return get_entry(name).family
@@ -125,7 +129,7 @@ def checkpoint_family(path: str | os.PathLike) -> str:
         vk = parse_vitkit_meta(read_safetensors_meta(p), p)
         if vk is not None:
             return vk["family"]
-    return "vit"
+    return read_checkpoint(path).family
 
 
 def create_model(
@@ -235,6 +239,8 @@ def load_model(
     fam = get_family(ckpt.family)
     cfg = ckpt.config
     guessed = None
+    if cfg is not None and ckpt.layout != "vitkit" and ckpt.preprocess is None:  # a non-ViT foreign file
+        ckpt.preprocess, guessed = _registered_preprocess(fam.name, cfg, str(path))
     if cfg is None:
         hints = dict(ckpt.hints)
         if overrides.get("num_heads") is not None:  # the caller states it: nothing to assume
@@ -259,7 +265,10 @@ def load_model(
     if pre is not None:  # the stored statistics, at the (possibly new) size and channel count
         pre = dataclasses.replace(pre, input_size=(pre.input_size[0], *cfg.img_size)).for_channels(cfg.in_chans)
     class_names = ckpt.class_names if cfg.num_classes == trained_classes else None
-    model = fam.model(cfg, preprocess=pre, class_names=class_names, provenance=_true_arch(ckpt.provenance, fam, cfg))
+    prov = _true_arch(ckpt.provenance, fam, cfg)
+    if ckpt.family != "vit" and guessed in list_models(family=ckpt.family) and "arch" not in prov:
+        prov["arch"] = guessed  # a foreign file with a registered name's architecture
+    model = fam.model(cfg, preprocess=pre, class_names=class_names, provenance=prov)
     load_into(model, ckpt.state_dict, strict=True, source=str(path))
     model.provenance["imported_from"] = ckpt.layout
     if guessed:
@@ -270,7 +279,7 @@ def load_model(
 # ViT config fields that make two models the same architecture for preprocessing purposes (the head count is
 # not among them: a foreign file does not record it, see weights.infer)
 _SHAPE_FIELDS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "class_token", "distilled",
-                 "num_reg_tokens", "prefix_pos", "global_pool", "pre_norm", "patch_bias")
+                 "num_reg_tokens", "prefix_pos", "global_pool", "pre_norm", "patch_bias", "embed_layer")
 
 
 def _guess_preprocess(cfg, source: str) -> tuple[Preprocess | None, str]:
@@ -300,6 +309,21 @@ def _guess_preprocess(cfg, source: str) -> tuple[Preprocess | None, str]:
               f"crop {pick.crop_pct}); for a {other.name} checkpoint (mean {_fmt(other.mean)}) convert it once with "
               f"`vitkit convert {source} OUT.safetensors --model {other.name}` and use OUT")
     return pick.preprocess(cfg), f"{pick.name} (guessed)"
+
+
+def _registered_preprocess(family: str, cfg, source: str) -> tuple[Preprocess | None, str]:
+    """A non-ViT foreign checkpoint's preprocessing: that of the registered name of its family with the same
+    architecture (head and regularisation aside), else None (the family's default, with one line saying so)
+    -> (preprocess, where it came from)."""
+    own = {k: v for k, v in cfg.to_dict().items() if k not in _ADAPTED}
+    for name in list_models(family=family):
+        e = get_entry(name)
+        if {k: v for k, v in e.cfg.to_dict().items() if k not in _ADAPTED} == own:
+            return e.preprocess(cfg), name
+    note_once(f"{source} records no preprocessing and matches no registered {family} model: using the family's "
+              f"default; if it was trained otherwise, convert it once with `vitkit convert {source} OUT.safetensors "
+              "--mean M,M,M --std S,S,S` and use OUT")
+    return None, "default (guessed)"
 
 
 def _fmt(values) -> str:

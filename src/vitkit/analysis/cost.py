@@ -99,6 +99,49 @@ class CostReport:
         return d
 
 
+@dataclass
+class FamilyCostReport:
+    """The closed-form cost of a model of another family (its `Family.cost`): parameters and MACs by part,
+    and the family's own per-stage figures (Swin: tokens, windows, window vs global attention scores)."""
+
+    name: str
+    family: str
+    img_size: tuple[int, int]
+    params: dict[str, int]
+    params_total: int
+    batch: int
+    macs: dict[str, int]  # by part for the whole batch
+    macs_total: int
+    dtype: str
+    weight_bytes: int
+    train_state_bytes: int
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)  # figure -> stage -> value, per image
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def gmacs_per_image(self) -> float:
+        return self.macs_total / self.batch / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        d["gmacs_per_image"] = self.gmacs_per_image
+        return d
+
+
+def family_cost(cfg: Any, name: str, batch: int, dtype: str) -> FamilyCostReport:
+    from ..models import FAMILIES
+
+    fam = next(f for f in FAMILIES.values() if isinstance(cfg, f.config))
+    _need_closed_form(fam.name, name)
+    cost = fam.cost(cfg)
+    params, macs = cost["params"], {k: v * batch for k, v in cost["macs"].items()}
+    total, nbytes = sum(params.values()), DTYPE_BYTES[dtype]
+    return FamilyCostReport(name, fam.name, tuple(cfg.img_size), params, total, batch, macs, sum(macs.values()),
+                            dtype, total * nbytes, total * 16,
+                            {k: v for k, v in cost.items() if k not in ("params", "macs")}, cfg.to_dict())
+
+
 # ---------------------------------------------------------------------------- resolving what to cost
 def config_from_file(path: str | os.PathLike) -> tuple[ViTConfig, str]:
     """A checkpoint's architecture: vitkit safetensors carry it in their header (no tensors are read);
@@ -109,7 +152,7 @@ def config_from_file(path: str | os.PathLike) -> tuple[ViTConfig, str]:
         if vk is not None:
             name = (vk.get("provenance") or {}).get("arch") or path.name
             _need_closed_form(vk["family"], name)
-            return ViTConfig.from_dict(vk["config"]), name
+            return get_family(vk["family"]).config.from_dict(vk["config"]), name
     return load_model(path).cfg, path.name
 
 
@@ -128,6 +171,7 @@ def resolve_config(spec: Any) -> tuple[ViTConfig, str]:
         return cfg, (getattr(spec, "provenance", None) or {}).get("arch", type(spec).__name__)
     if hasattr(spec, "family"):  # a model of another family
         _need_closed_form(spec.family, type(spec).__name__)
+        return spec.cfg, (getattr(spec, "provenance", None) or {}).get("arch", type(spec).__name__)
     if not isinstance(spec, (str, os.PathLike)):
         raise ConfigError(f"cannot cost a {type(spec).__name__}; give a model, a ViTConfig, a name or a path")
     text = os.fspath(spec)
@@ -159,8 +203,9 @@ def model_cost(
     dtype: str | torch.dtype = "fp32",
     fused_attention: bool = True,
     **overrides: Any,
-) -> CostReport:
-    """Tokens, parameters, MACs and training activation memory of a ViT, computed from its config alone.
+) -> CostReport | FamilyCostReport:
+    """Tokens, parameters, MACs and training activation memory of a ViT, computed from its config alone
+    (another family with a closed form, e.g. Swin: its FamilyCostReport).
 
     `img_size` (and any ViTConfig `overrides`, e.g. num_classes=10) rebuild the config as `create_model`
     would: the position table is sized for the new grid. MACs and activation bytes are for `batch` images.
@@ -173,6 +218,8 @@ def model_cost(
     if not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch must be a positive whole number, got {batch!r}")
     dt = _dtype_name(dtype)
+    if not isinstance(cfg, ViTConfig):
+        return family_cost(cfg, name, batch, dt)
     params, macs = param_counts(cfg), {k: v * batch for k, v in mac_counts(cfg).items()}
     total = sum(params.values())
     gh, gw = cfg.grid_size
@@ -203,6 +250,10 @@ def model_summary(name: str) -> dict[str, Any]:
             params = sum(p.numel() for p in entry.build().parameters())
         return row | {"params": params, "params_m": round(params / 1e6, 2), "gmacs": None}
     r = model_cost(name)
+    if isinstance(r, FamilyCostReport):
+        return row | {"params": r.params_total, "params_m": round(r.params_total / 1e6, 2),
+                      "gmacs": round(r.gmacs_per_image, 2)} | ({"patch_size": cfg.patch_size}
+                                                               if hasattr(cfg, "patch_size") else {})
     return row | {"params": r.params_total, "params_m": round(r.params_total / 1e6, 2),
                   "gmacs": round(r.gmacs_per_image, 2), "patch_size": cfg.patch_size, "embed_dim": cfg.embed_dim,
                   "depth": cfg.depth, "num_heads": cfg.num_heads, "tokens": r.tokens}
@@ -220,3 +271,48 @@ def format_count(n: float) -> str:
         if n >= size:
             return f"{n / size:,.2f}{unit}"
     return f"{int(n)}"
+
+
+# ---------------------------------------------------------------------------- training memory per device
+@dataclass
+class TrainMemory:
+    """Per-device training memory, in bytes, of one strategy (see `train_memory`)."""
+
+    strategy: str  # "ddp" or "fsdp"
+    devices: int
+    params: int  # the parameters each device holds (fp32 master weights)
+    grads: int
+    optimizer: int  # AdamW's two moments
+    working: int  # FSDP: full-size parameters and gradients of the units being computed; DDP: 0
+    activations: int
+    total: int
+
+
+def train_memory(spec: Any, devices: int, batch: int = 1, dtype: str = "bf16", img_size=None,
+                 fused_attention: bool = True) -> list[TrainMemory]:
+    """Per-device memory of AdamW training with DDP and with FSDP (full sharding, one unit per block, then the
+    root) on `devices` devices, for a per-device `batch` with activations in `dtype`.
+
+    Both keep fp32 master weights, fp32 gradients and AdamW's two fp32 moments: 16 bytes per parameter. DDP
+    holds all of it on every device; FSDP holds 1/N of it, plus a working set: the full parameters of the
+    unit being computed and of the next one (prefetched), in `dtype`, and that unit's full gradients (fp32)
+    before they are reduce-scattered; the root unit (patch embedding, position table, tokens, final norm,
+    head) counts as a unit. Activations do not shard: each device keeps its own batch's. Not counted: DDP's
+    gradient buckets (up to one more fp32 copy of the gradients unless `gradient_as_bucket_view`), the
+    allocator's fragmentation, and temporary buffers of the kernels."""
+    if not isinstance(devices, int) or devices < 1:
+        raise ConfigError(f"devices must be a positive whole number, got {devices!r}")
+    c = model_cost(spec, img_size=img_size, batch=batch, dtype=dtype, fused_attention=fused_attention)
+    if not hasattr(c, "layers"):  # another family's report (Swin): no per-block split to shard by
+        raise ConfigError(f"{getattr(c, 'name', spec)}: training memory per device is computed for ViTs only")
+    P, nbytes = c.params_total, DTYPE_BYTES[c.dtype]
+    D = c.width
+    block = (c.params["attention"] + c.params["mlp"]) // c.layers + 4 * D  # + norm1 and norm2
+    unit = max(block, P - c.layers * block)  # the largest FSDP unit: a block or the root
+    out = []
+    for strategy, n in (("ddp", 1), ("fsdp", devices)):
+        params, grads, optim = -(-4 * P // n), -(-4 * P // n), -(-8 * P // n)  # ceil: shards are padded
+        working = 0 if strategy == "ddp" or devices == 1 else 2 * unit * nbytes + unit * 4
+        total = params + grads + optim + working + c.activation_bytes
+        out.append(TrainMemory(strategy, devices, params, grads, optim, working, c.activation_bytes, total))
+    return out

@@ -15,8 +15,8 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="import a checkpoint (timm, HF, JAX npz, DeiT/MAE/DINO/DINOv2, CLIP) "
-                       "into vitkit safetensors")
+    p = sub.add_parser("convert", help="import a checkpoint (timm, HF, JAX npz, DeiT/MAE/DINO/DINOv2, CLIP, "
+                       "timm/original Swin) into vitkit safetensors")
     p.add_argument("src", help="checkpoint file, HF model folder, run folder or pretrained name.tag")
     p.add_argument("out", help="output .safetensors path")
     p.add_argument("--model", help="registered architecture to load into, with its preprocessing (default: read "
@@ -65,6 +65,9 @@ def run(args) -> int:
         if d["family"] == "vit":
             rows += [("width/depth/heads", f"{cfg.embed_dim}/{cfg.depth}/{cfg.num_heads}"),
                      ("patch", cfg.patch_size)]
+        elif d["family"] == "swin":
+            rows += [("width / blocks / heads per stage", f"{cfg.embed_dim} / {','.join(map(str, cfg.depths))} / "
+                      f"{','.join(map(str, cfg.num_heads))}"), ("patch / window", f"{cfg.patch_size} / {cfg.window_size}")]
         rows += [("img", f"{cfg.img_size[0]}x{cfg.img_size[1]}"), ("classes", cfg.num_classes),
                  ("mean / std", f"{_short(pre.mean)} / {_short(pre.std)} (from {d['preprocess_from']})"),
                  ("written", d["out"])]

@@ -14,6 +14,10 @@ def register(sub) -> None:
                    help="element size for activation and weight memory (default fp32)")
     p.add_argument("--eager-attn", action="store_true",
                    help="activation memory for the eager attention path (keeps the [B, H, T, T] probabilities)")
+    p.add_argument("--train-memory", action="store_true",
+                   help="per-device training memory (weights, grads, AdamW, activations at --batch per device) "
+                   "with DDP and with FSDP on --devices devices")
+    p.add_argument("--devices", type=positive_int, default=8, help="devices for --train-memory (default 8)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -27,6 +31,9 @@ def run(args) -> int:
 
     report = model_cost(args.model, img_size=args.img_size, batch=args.batch, dtype=args.dtype,
                         fused_attention=not args.eager_attn)
+    if not hasattr(report, "tokens"):  # another family's closed form (Swin): its parts and stages
+        emit(args, report.to_dict(), lambda _: _render_family(report))
+        return 0
 
     def render(r):
         P, M = r.params, r.macs
@@ -59,5 +66,57 @@ def run(args) -> int:
             ("weights + grads + AdamW state (fp32)", format_bytes(r.train_state_bytes)),
         ], justify=("left", "right"))
 
-    emit(args, report.to_dict(), lambda _: render(report))
+    if not args.train_memory:
+        emit(args, report.to_dict(), lambda _: render(report))
+        return 0
+    from dataclasses import asdict
+
+    from ..analysis.cost import train_memory
+
+    memory = train_memory(args.model, args.devices, batch=args.batch, dtype=args.dtype, img_size=args.img_size,
+                          fused_attention=not args.eager_attn)
+
+    def render_memory(_):
+        render(report)
+        rows = [(m.strategy.upper(), *(format_bytes(v) for v in (m.params, m.grads, m.optimizer, m.working,
+                                                                  m.activations, m.total))) for m in memory]
+        print_table(f"training memory per device: {args.devices} devices, batch {args.batch} per device, "
+                    f"{report.dtype} activations", ["strategy", "weights", "grads", "AdamW", "working set",
+                                                    "activations", "total"], rows)
+
+    emit(args, report.to_dict() | {"train_memory": [asdict(m) for m in memory]}, render_memory)
     return 0
+
+
+def _render_family(r) -> None:
+    """A non-ViT family's cost: parameters and MACs by part, then its per-stage figures (Swin: tokens, windows,
+    window attention scores against what global attention over the same tokens would need)."""
+    from ..analysis.cost import format_bytes, format_count
+
+    pt, mt = r.params_total, r.macs_total
+    parts = list(dict.fromkeys([*r.params, *r.macs]))
+    table = [(part.replace("_", " "), f"{r.params[part]:,}" if part in r.params else "-",
+              _pct(r.params[part], pt) if part in r.params else "-",
+              format_count(r.macs[part]) if part in r.macs else "-", _pct(r.macs[part], mt) if part in r.macs else "-")
+             for part in parts]
+    table.append(("total", f"{pt:,}", "100%", format_count(mt), "100%"))
+    h, w = r.img_size
+    print_table(f"{r.name} ({r.family}) at {h}x{w}, batch {r.batch}", ["part", "params", "% params", "MACs",
+                "% MACs"], table)
+    st = r.stages
+    if st.get("tokens"):
+        rows = []
+        for stage in st["tokens"]:
+            local, full = st["attn_scores"][stage], st["global_attn_scores"][stage]
+            rows.append((stage, f"{st['tokens'][stage]:,}", f"{st['windows'][stage]:,}", f"{local:,}", f"{full:,}",
+                         f"{full / local:.1f}x"))
+        local, full = sum(st["attn_scores"].values()), sum(st["global_attn_scores"].values())
+        rows.append(("all", f"{sum(st['tokens'].values()):,}", f"{sum(st['windows'].values()):,}", f"{local:,}",
+                     f"{full:,}", f"{full / local:.1f}x"))
+        print_table("attention scores per image (all blocks and heads): windows vs global attention",
+                    ["stage", "tokens", "windows", "window scores", "global scores", "global / window"], rows)
+    print_table(None, ["figure", "value"], [
+        ("GMACs per image (FLOPs = 2 x MACs)", f"{r.gmacs_per_image:.2f}"),
+        (f"weights ({r.dtype})", format_bytes(r.weight_bytes)),
+        ("weights + grads + AdamW state (fp32)", format_bytes(r.train_state_bytes)),
+    ], justify=("left", "right"))

@@ -72,6 +72,11 @@ def run(args) -> int:
         data = "digits"
         note_once(f"{args.checkpoint} does not record the data it was trained on: evaluating on digits "
                   "(pass --data digits | fashion-mnist | FOLDER | MANIFEST.csv)")
+    if str(data).startswith("canvas-"):  # per-pixel masks, not one label per image
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{data} is a segmentation dataset (per-pixel masks): vitkit eval scores classifiers; "
+                          "a task=segment run reports its mIoU and pixel accuracy in its report.md")
     same = args.data is None or str(Path(args.data)) == str(Path(trained["data"] or ""))
     seed = args.seed if args.seed is not None else (trained["seed"] if same and trained["seed"] is not None else 0)
     val_fraction = (trained["val_fraction"] if same else None) or 0.0

@@ -27,6 +27,8 @@ def register(sub) -> None:
                    "over 20M parameters: choose one with --lr)")
     p.add_argument("--seed", type=int)
     p.add_argument("--img-size", type=int, help="train at this resolution (position embeddings are resampled)")
+    p.add_argument("--task", help="training objective: classification, distillation, mae, dino or segment "
+                   "(the same as --set task=NAME)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any recipe field (repeatable), e.g. --set ema=true --set model.depth=6")
     p.add_argument("--finetune", metavar="CKPT", help="start from any checkpoint vitkit can load (new head, "
@@ -63,14 +65,14 @@ def resolve_recipe(args):
             raise ConfigError(f"{args.out}: nothing to resume (no config.json)")
         saved = json.loads(cfg.read_text())
         recipe = Recipe.from_dict(saved["recipe"])
-        if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe:
+        if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe or args.task:
             raise ConfigError("--resume continues the saved recipe exactly; start a new run to change it")
         return recipe, saved.get("finetune")
     name = args.recipe or ("finetune" if args.finetune else "digits")
     recipe = get_recipe(name)
     changes = {}
     for flag, field in (("data", "data"), ("model", "model"), ("epochs", "epochs"), ("batch_size", "batch_size"),
-                        ("lr", "lr"), ("seed", "seed"), ("img_size", "img_size")):
+                        ("lr", "lr"), ("seed", "seed"), ("img_size", "img_size"), ("task", "task")):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
     if "model" in changes and changes["model"] != recipe.model:

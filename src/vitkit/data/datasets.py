@@ -7,7 +7,8 @@
   without a val folder a seeded, stratified fraction of train becomes the validation split (the training
   run asks for `default_val_fraction(spec)`, 15%, when its recipe sets no `val_fraction`; every class keeps
   at least one image on each side, so each class needs two or more);
-- a CSV manifest `path,label` (header optional, paths relative to the CSV), split like a flat folder.
+- a CSV manifest `path,label` (header optional, paths relative to the CSV), split like a flat folder;
+- `canvas-fashion`, `canvas-digits`: segmentation canvases with per-pixel masks made from those (canvas.py).
 
 Small built-in sets live in memory as uint8 tensors [N, C, H, W]; user files are decoded on access.
 Files that cannot be decoded are skipped and counted (listed in `info['skipped']`), or stop the run with
@@ -30,8 +31,8 @@ from ..errors import DataError, ImageError
 
 log = logging.getLogger("vitkit")
 
-BUILTIN = ("digits", "fashion-mnist")
-BUILTIN_ALIASES = ("digits", "fashion-mnist", "fashion_mnist", "fmnist")
+BUILTIN = ("digits", "fashion-mnist", "canvas-fashion", "canvas-digits")
+BUILTIN_ALIASES = ("digits", "fashion-mnist", "fashion_mnist", "fmnist", "canvas-fashion", "canvas-digits")
 DEFAULT_VAL_FRACTION = 0.15  # user folders and manifests without a val split (see default_val_fraction)
 VAL_DIRS = ("val", "valid", "validation")
 
@@ -155,6 +156,10 @@ def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bo
         bundle = _digits(seed)
     elif spec in ("fashion-mnist", "fashion_mnist", "fmnist"):
         bundle = _fashion_mnist(allow_download)
+    elif spec in ("canvas-fashion", "canvas-digits"):
+        from .canvas import load_canvas
+
+        bundle = load_canvas(spec, allow_download)
     else:
         path = Path(spec).expanduser()
         if not path.exists():

@@ -31,7 +31,7 @@ from ..layers.window_attention import (
     window_reverse,
 )
 from .config import IMAGENET_MEAN, IMAGENET_STD, ModelConfig, Preprocess
-from .registry import register_family, register_model
+from .registry import Pretrained, register_family, register_model
 
 
 @dataclass
@@ -257,6 +257,18 @@ class SwinTransformer(nn.Module):
             return outs
         return self.norm(x), outs
 
+    def feature_pyramid(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The stage outputs as a feature pyramid for dense heads: NCHW maps, finest first (strides
+        p, 2p, 4p, 8p: 4, 8, 16, 32 for patch 4); the last one normed, as the classifier sees it."""
+        return self.forward_intermediates(x, norm=True, intermediates_only=True)
+
+    def feature_strides(self) -> list[int]:
+        return [self.cfg.patch_size * 2 ** i for i in range(len(self.layers))]
+
+    def adapt_checkpoint(self, sd: dict, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+        """Called by weights.load: bias tables saved for another window (or resolution) are resampled."""
+        return resize_bias_tables(sd, self)
+
     def no_weight_decay(self) -> set[str]:
         return {n for n, _ in self.named_parameters() if "relative_position_bias_table" in n}
 
@@ -283,13 +295,13 @@ class SwinTransformer(nn.Module):
             self.class_names = None
 
 
-def checkpoint_filter(state_dict: dict, model: SwinTransformer) -> dict[str, torch.Tensor]:
+def checkpoint_filter(state_dict: dict, model: SwinTransformer | None = None) -> dict[str, torch.Tensor]:
     """A timm or original-repository (microsoft/Swin-Transformer) state dict -> this model's keys.
 
     As timm's `checkpoint_filter_fn`: unwraps {'model': ...}, drops the `relative_position_index` / `attn_mask`
     buffers, and moves the original layout (patch merging at the end of stage i, `head`) to timm's
-    (`layers.{i+1}.downsample`, `head.fc`). A bias table saved for another window is resampled bicubically
-    to the model's window (the authors' method; timm uses BEiT's geometric grid here)."""
+    (`layers.{i+1}.downsample`, `head.fc`). With a `model`, a bias table saved for another window is resampled
+    bicubically to the model's window (the authors' method; timm uses BEiT's geometric grid here)."""
     state_dict = state_dict.get("model", state_dict)
     state_dict = state_dict.get("state_dict", state_dict)
     original = "layers.0.downsample.reduction.weight" in state_dict
@@ -300,21 +312,89 @@ def checkpoint_filter(state_dict: dict, model: SwinTransformer) -> dict[str, tor
         if original:
             k = re.sub(r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m.group(1)) + 1}.downsample", k)
             k = re.sub(r"^head\.", "head.fc.", k)
-        if k.endswith("relative_position_bias_table"):
-            attn = model.get_submodule(k[: -len(".relative_position_bias_table")])
-            if v.shape != attn.relative_position_bias_table.shape:
-                v = resize_rel_pos_bias_table(v, attn.window_size)
         out[k] = v
+    return resize_bias_tables(out, model) if model is not None else out
+
+
+def resize_bias_tables(sd: dict, model: SwinTransformer) -> dict[str, torch.Tensor]:
+    """Every relative position bias table whose shape differs from the model's (another window size, or a
+    stage clamped to a smaller map at another resolution) resampled to the model's window."""
+    out = dict(sd)
+    for name, attn in model.named_modules():
+        if isinstance(attn, WindowAttention):
+            key = f"{name}.relative_position_bias_table"
+            if key in out and out[key].shape != attn.relative_position_bias_table.shape:
+                out[key] = resize_rel_pos_bias_table(out[key], attn.window_size)
     return out
 
 
-register_family("swin", SwinConfig, SwinTransformer)
-_SIZES = {  # timm's configs
-    "swin_tiny_patch4_window7_224": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
-    "swin_small_patch4_window7_224": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
-    "swin_base_patch4_window7_224": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+def stage_windows(cfg: SwinConfig) -> list[tuple[int, int]]:
+    """The window of each stage at `img_size` (a map no larger than the window is one window)."""
+    return [(min(h, cfg.window_size), min(w, cfg.window_size)) for h, w in cfg.stage_resolutions()]
+
+
+def swin_cost(cfg: SwinConfig) -> dict[str, dict[str, int]]:
+    """The `swin` family's closed-form cost at `cfg.img_size`: {"params", "macs"} by part (as the ViT's), plus
+    per stage "tokens", "windows" (per image), "attn_scores" (attention entries of all blocks and heads
+    of one image, window attention on the padded map) and "global_attn_scores" (the same tokens under
+    global attention: T^2 per head and block, what windows avoid).
+
+    MACs count matmuls and convs only (as the ViT's cost): patch conv; per block qkv + proj 4 d^2 and QK^T +
+    AV 2 N d per padded token (N tokens per window), MLP 2 d Hm per token; patch merging 4 d_in d_out per
+    merged token; the head."""
+    C, p, K = cfg.in_chans, cfg.patch_size, cfg.num_classes
+    n = len(cfg.depths)
+    dims = [cfg.embed_dim * 2 ** i for i in range(n)]
+    params = dict.fromkeys(("patch_embed", "attention", "mlp", "norms", "patch_merging", "head"), 0)
+    macs = dict.fromkeys(("patch_embed", "attn_proj", "attn_scores", "mlp", "patch_merging", "head"), 0)
+    stats: dict[str, dict[str, int]] = {"tokens": {}, "windows": {}, "attn_scores": {}, "global_attn_scores": {}}
+    params["patch_embed"] = C * p * p * dims[0] + dims[0] + 2 * dims[0]  # conv + bias, LayerNorm
+    res, wins = cfg.stage_resolutions(), stage_windows(cfg)
+    macs["patch_embed"] = res[0][0] * res[0][1] * C * p * p * dims[0]
+    for i, (d, depth, heads) in enumerate(zip(dims, cfg.depths, cfg.num_heads)):
+        (h, w), (wh, ww) = res[i], wins[i]
+        T, N = h * w, wh * ww
+        Tp = -(-h // wh) * wh * (-(-w // ww) * ww)  # tokens after padding to whole windows
+        hidden = int(d * cfg.mlp_ratio)
+        if i > 0:  # LayerNorm(4 d_in) + Linear(4 d_in -> d), no bias, on the merged tokens
+            params["patch_merging"] += 2 * 4 * dims[i - 1] + 4 * dims[i - 1] * d
+            macs["patch_merging"] += T * 4 * dims[i - 1] * d
+        params["attention"] += depth * (4 * d * d + (3 * d if cfg.qkv_bias else 0) + d
+                                        + (2 * wh - 1) * (2 * ww - 1) * heads)
+        params["mlp"] += depth * (2 * d * hidden + hidden + d)
+        params["norms"] += depth * 4 * d
+        macs["attn_proj"] += depth * Tp * 4 * d * d
+        macs["attn_scores"] += depth * 2 * Tp * N * d
+        macs["mlp"] += depth * T * 2 * d * hidden
+        stats["tokens"][f"stage{i}"] = T
+        stats["windows"][f"stage{i}"] = Tp // N
+        stats["attn_scores"][f"stage{i}"] = depth * heads * Tp * N
+        stats["global_attn_scores"][f"stage{i}"] = depth * heads * T * T
+    params["norms"] += 2 * dims[-1]
+    params["head"] = dims[-1] * K + K if K else 0
+    macs["head"] = dims[-1] * K
+    return {"params": params, "macs": macs} | stats
+
+
+register_family("swin", SwinConfig, SwinTransformer, cost=swin_cost)
+_SIZES = {  # timm's configs and published weights (timm/<name>.<tag> on the hub; the first tag is timm's default)
+    "swin_tiny_patch4_window7_224": (dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+                                     ("ms_in1k", "ms_in22k_ft_in1k", "ms_in22k")),
+    "swin_small_patch4_window7_224": (dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+                                      ("ms_in22k_ft_in1k", "ms_in1k", "ms_in22k")),
+    "swin_base_patch4_window7_224": (dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+                                     ("ms_in22k_ft_in1k", "ms_in1k", "ms_in22k")),
+    "swin_base_patch4_window12_384": (dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
+                                           img_size=384, window_size=12), ("ms_in22k_ft_in1k", "ms_in1k", "ms_in22k")),
+    "swin_large_patch4_window7_224": (dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+                                      ("ms_in22k_ft_in1k", "ms_in22k")),
+    "swin_large_patch4_window12_384": (dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48),
+                                            img_size=384, window_size=12), ("ms_in22k_ft_in1k", "ms_in22k")),
 }
-for _name, _kw in _SIZES.items():
-    register_model(_name, "swin", SwinConfig(patch_size=4, window_size=7, **_kw), group="swin",
-                   mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, interpolation="bicubic",
+for _name, (_kw, _tags) in _SIZES.items():
+    _kw = {"window_size": 7, **_kw}
+    register_model(_name, "swin", SwinConfig(patch_size=4, **_kw), group="swin",
+                   mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=1.0 if _kw.get("img_size") == 384 else 0.9,
+                   interpolation="bicubic",
+                   pretrained={t: Pretrained(hub=f"timm/{_name}.{t}", license="mit") for t in _tags},
                    notes="Swin Transformer (shifted windows), timm's key names and layout")

@@ -1,8 +1,12 @@
 """Every foreign checkpoint layout becomes timm/vitkit key names through one small filter.
 
-A layout is registered with `@layout(name, detect)`; `to_vitkit(raw)` unwraps training containers,
-strips wrapper prefixes, detects the layout by key signature and runs its filter. This runs on every
-load path: `create_model(checkpoint_path=...)`, `load_model`, `vitkit convert`, fine-tuning.
+A layout is registered with `@layout(name, detect, family=...)`; `to_vitkit(raw)` unwraps training
+containers, strips wrapper prefixes, detects the layout by key signature and runs its filter. This runs on
+every load path: `create_model(checkpoint_path=...)`, `load_model`, `vitkit convert`, fine-tuning.
+
+A layout declares the model family it produces (`vit` unless it says otherwise, e.g. `swin`). A ViT's
+architecture is read off the shapes by weights.infer; an importer of another family returns its config
+in `Imported.config`.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ class Imported:
     dropped: list[str] = field(default_factory=list)  # source keys that have no place in the encoder
     preprocess: Any = None  # models.config.Preprocess the source states (mean/std/crop), if any
     class_names: list[str] | None = None
+    family: str = "vit"  # the model family the weights belong to (set from the layout)
+    config: Any = None  # the family's config read off the weights; None for a ViT (weights.infer reads it)
 
 
 @dataclass
@@ -39,16 +45,18 @@ class Layout:
     detect: Callable[[StateDict], bool]
     convert: Callable[[StateDict, dict | None], Imported]
     priority: int = 0
+    family: str = "vit"
 
 
 LAYOUTS: list[Layout] = []
 
 
-def layout(name: str, detect: Callable[[StateDict], bool], priority: int = 0):
-    """Register `convert(sd, hf_config) -> Imported` for checkpoints whose keys satisfy `detect`."""
+def layout(name: str, detect: Callable[[StateDict], bool], priority: int = 0, family: str = "vit"):
+    """Register `convert(sd, hf_config) -> Imported` for checkpoints whose keys satisfy `detect`; the
+    weights it returns belong to `family`."""
 
     def register(fn):
-        LAYOUTS.append(Layout(name, detect, fn, priority))
+        LAYOUTS.append(Layout(name, detect, fn, priority, family))
         LAYOUTS.sort(key=lambda lay: -lay.priority)
         return fn
 
@@ -135,6 +143,7 @@ def to_vitkit(raw: dict[str, Any], hf_config: dict | None = None, prefer: str | 
     lay = detect_layout(sd)
     out = lay.convert(sd, hf_config)
     out.layout = out.layout or lay.name
+    out.family = lay.family
     # importers may return what is not config under these two hint keys
     out.preprocess = out.hints.pop("_preprocess", out.preprocess)
     out.class_names = out.hints.pop("_class_names", out.class_names)

@@ -11,9 +11,10 @@ from .classification import ClassificationTask
 from .dino import DinoTask
 from .distillation import DistillationTask
 from .mae import MaeTask
+from .segment import SegmentTask
 
 TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "distillation": DistillationTask,
-                                "mae": MaeTask, "dino": DinoTask}
+                                "mae": MaeTask, "dino": DinoTask, "segment": SegmentTask}
 
 
 def make_task(recipe, **kw) -> Task:

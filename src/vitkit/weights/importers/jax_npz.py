@@ -1,4 +1,5 @@
-"""Original JAX checkpoints (.npz): vit_jax / AugReg and big_vision -> vitkit names, and back.
+"""Original JAX checkpoints (.npz): vit_jax / AugReg and big_vision -> vitkit names, and back. Hybrid (R+ViT)
+checkpoints add their ResNetV2 (`conv_root`, `gn_root`, `block{s}/unit{u}/...`, see importers/hybrid.py).
 
 Keys are a flattened pytree ('/'-separated) under a prefix: '' (vit_jax), 'opt/target/' (old),
 'params/' (big_vision), 'params/img/' (SigLIP image tower). Blocks are `Transformer/encoderblock_{i}`
@@ -19,6 +20,7 @@ import torch
 from ...errors import CheckpointError
 from ...models.config import INCEPTION_MEAN, INCEPTION_STD, Preprocess
 from ..convert import Imported, StateDict, layout
+from .hybrid import BACKBONE, backbone_from_jax, backbone_to_jax, hybrid_hints
 
 _PREFIXES = ("", "opt/target/", "params/", "params/img/")
 
@@ -54,6 +56,10 @@ def convert_jax(sd: StateDict, hf_config=None) -> Imported:
         raise CheckpointError(f"JAX checkpoint: embedding/kernel has shape {tuple(kernel.shape)}; "
                               "only convolutional (p, p, C, D) patch embeddings are supported")
     out: StateDict = {"patch_embed.proj.weight": kernel.permute(3, 2, 0, 1).contiguous()}  # HWIO -> OIHW
+    backbone_keys: set[str] = set()
+    if "conv_root/kernel" in w:  # a hybrid (R+ViT): the ResNetV2 that makes the feature map the patches come from
+        backbone, backbone_keys = backbone_from_jax(w)
+        out.update(backbone)
     if "embedding/bias" in w:
         out["patch_embed.proj.bias"] = w["embedding/bias"]
     if "cls" in w:
@@ -107,7 +113,10 @@ def convert_jax(sd: StateDict, hf_config=None) -> Imported:
     used = {"embedding/kernel", "embedding/bias", "cls", "Transformer/posembed_input/pos_embedding", "pos_embedding",
             "Transformer/encoder_norm/scale", "Transformer/encoder_norm/bias", "pre_logits/kernel", "pre_logits/bias",
             "head/kernel", "head/bias"}
+    used |= backbone_keys
     dropped += [p + k for k in w if k not in used and not k.startswith("Transformer/encoderblock")]
+    if backbone_keys:
+        hints.update(hybrid_hints(out))  # the stem, the patch in pixels, the image size
     if num_heads:
         hints["num_heads"] = int(num_heads)
     # flax's nn.gelu is the tanh approximation; LN eps 1e-6; inputs in [-1, 1], plain bilinear resize
@@ -170,6 +179,8 @@ def to_jax_arrays(sd: StateDict, num_heads: int, style: str = "vit_jax", scan: b
         out["pre_logits/kernel"], out["pre_logits/bias"] = t["pre_logits.fc.weight"].t(), t["pre_logits.fc.bias"]
     if "head.weight" in t:
         out["head/kernel"], out["head/bias"] = t["head.weight"].t(), t["head.bias"]
+    if any(k.startswith(BACKBONE) for k in t):  # a ResNetV2 hybrid (other stems are refused there)
+        out.update(backbone_to_jax(t))
     return {prefix + k: np.ascontiguousarray(v.numpy()) for k, v in out.items()}
 
 
