@@ -245,3 +245,18 @@ def test_doctor_measure_caches_per_machine(tmp_path, monkeypatch, capsys):
     ratios = cache[hardware.machine_key(detect())]["ratios"]
     assert set(ratios) <= set(hardware.MEASURABLE) and all(r > 0 for r in ratios.values())
     assert out["measured"] == cache[hardware.machine_key(detect())]
+
+
+def test_models_built_or_loaded_through_the_api_follow_this_machines_decisions(tmp_path, monkeypatch):
+    """create_model and load_model set every block's native-kernel switch as decided; the override turns it off."""
+    def switches(model):
+        return {m.native_fastpath for m in model.modules() if isinstance(getattr(m, "native_fastpath", None), bool)}
+
+    monkeypatch.setenv("VITKIT_FAST_PATHS", "native_encoder=off")
+    model = vitkit.create_model("vit_pico_patch2_8", num_classes=3)
+    assert switches(model) == {False}
+    path = tmp_path / "m.safetensors"
+    vitkit.save_model(model, path)
+    assert switches(vitkit.load_model(path)) == {False}
+    monkeypatch.setenv("VITKIT_FAST_PATHS", "native_encoder=on")
+    assert switches(vitkit.load_model(path)) == {True}

@@ -164,7 +164,7 @@ def create_model(
         _load(model, ckpt, strict=True)
         if str(ckpt.provenance.get("source", "")).startswith("hub:"):
             model.provenance["source"] = ckpt.provenance["source"]
-    return model
+    return _with_fast_paths(model)
 
 
 def _build(entry: ModelEntry, ckpt: Checkpoint | None, num_classes, img_size, overrides: dict) -> nn.Module:
@@ -235,7 +235,7 @@ def load_model(
     if model_name is not None:
         model = _build(get_entry(model_name), ckpt, num_classes, img_size, overrides)
         _load(model, ckpt, strict=True)
-        return model.to(device)
+        return _with_fast_paths(model).to(device)
     fam = get_family(ckpt.family)
     cfg = ckpt.config
     guessed = None
@@ -273,7 +273,16 @@ def load_model(
     model.provenance["imported_from"] = ckpt.layout
     if guessed:
         model.provenance["preprocess_from"] = guessed
-    return model.to(device)
+    return _with_fast_paths(model).to(device)
+
+
+def _with_fast_paths(model: nn.Module) -> nn.Module:
+    """Each fast-path switch the model's modules have, set as this machine's rules decide (`vitkit doctor`):
+    a path measured slower than the plain one on this kind of CPU stays off."""
+    from .hardware import apply_fast_paths, this_machine
+
+    apply_fast_paths(model, this_machine())
+    return model
 
 
 # ViT config fields that make two models the same architecture for preprocessing purposes (the head count is
