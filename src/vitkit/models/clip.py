@@ -109,7 +109,9 @@ class ClipConfig(ModelConfig):
 class CausalAttention(Attention):
     """Self-attention in which token i sees tokens 0..i only (CLIP's text tower)."""
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
+    def forward(self, x: torch.Tensor, return_attn: bool = False, rope=None, bias=None):
+        # the Block hands every attention its rotary / relative-position inputs; the text tower has neither
+        assert rope is None and bias is None, "CLIP's text attention takes no rotary or bias input"
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each [B, H, N, Dh]

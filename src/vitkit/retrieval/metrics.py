@@ -1,0 +1,129 @@
+"""Retrieval evaluation on frozen features. Three different questions, three measures (names differ across papers,
+so each is defined here):
+
+- **Recall@k (retrieval)**, the metric-learning definition (Oh Song et al. 2016; Musgrave et al. 2020): the share
+  of queries with at least one same-label item among their k nearest gallery items. When the queries are the
+  gallery itself (leave-one-out), a query is never its own neighbour.
+- **mAP**: the mean over queries of average precision over the FULL gallery ranking (relevant = same label;
+  AP = mean of precision@i over the ranks i of the relevant items). Queries with no relevant item are left out.
+- **ANN recall@k** (a property of the index, not the features): |ANN top-k ∩ exact top-k| / k, averaged over
+  queries: how many of the true k nearest neighbours the approximate index returns.
+
+The k-NN classifier is `vitkit.probe.knn_classify` (DINO's weighted vote, k=20, T=0.07), shared with the
+self-supervised evaluation; `evaluate` reports it beside these.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import DataError
+from ..probe import KNN_K, KNN_T, knn_classify
+
+
+def _tensor(x) -> torch.Tensor:
+    return F.normalize(torch.from_numpy(np.array(x, dtype=np.float32)), dim=1)
+
+
+@torch.no_grad()
+def exact_topk(queries, gallery, k: int, *, exclude_self: bool = False,
+               chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Brute-force cosine top-k: (scores [M, k], gallery rows [M, k]), best first. `exclude_self`: queries are the
+    gallery in the same order and never retrieve themselves."""
+    q, g = _tensor(queries), _tensor(gallery)
+    k = min(k, len(g) - int(exclude_self))
+    scores, ids = [], []
+    for i in range(0, len(q), chunk):
+        sim = q[i:i + chunk] @ g.T  # [m, N]
+        if exclude_self:
+            r = torch.arange(sim.shape[0])
+            sim[r, r + i] = -math.inf
+        s, j = sim.topk(k, dim=1)
+        scores.append(s)
+        ids.append(j)
+    return torch.cat(scores), torch.cat(ids)
+
+
+def recall_at_k(neighbour_labels: torch.Tensor, query_labels: torch.Tensor, ks: Sequence[int] = (1, 5, 10)) -> dict:
+    """Retrieval Recall@k in % from the labels of each query's ranked neighbours [M, K] (K >= max(ks))."""
+    hit = neighbour_labels == query_labels.view(-1, 1)  # [M, K]
+    return {f"R@{k}": 100.0 * float(hit[:, :k].any(dim=1).float().mean()) for k in ks if k <= hit.shape[1]}
+
+
+@torch.no_grad()
+def mean_average_precision(queries, query_labels: torch.Tensor, gallery, gallery_labels: torch.Tensor, *,
+                           exclude_self: bool = False, chunk: int = 256) -> float:
+    """mAP in % over the full gallery ranking (see the module docstring)."""
+    q, g = _tensor(queries), _tensor(gallery)
+    aps = []
+    for i in range(0, len(q), chunk):
+        sim = q[i:i + chunk] @ g.T  # [m, N]
+        if exclude_self:
+            r = torch.arange(sim.shape[0])
+            sim[r, r + i] = -math.inf
+        order = sim.argsort(dim=1, descending=True, stable=True)
+        rel = (gallery_labels[order] == query_labels[i:i + chunk].view(-1, 1)).float()  # [m, N] in rank order
+        if exclude_self:
+            rel[:, -1] = 0  # the query itself, ranked last at -inf
+        n_rel = rel.sum(dim=1)
+        precision = rel.cumsum(dim=1) / torch.arange(1, rel.shape[1] + 1)  # precision@i
+        ap = (precision * rel).sum(dim=1) / n_rel.clamp(min=1)
+        aps.append(ap[n_rel > 0])
+    all_ap = torch.cat(aps)
+    return 100.0 * float(all_ap.mean()) if len(all_ap) else float("nan")
+
+
+def ann_recall(approx_ids, exact_ids) -> float:
+    """ANN recall@k: mean |approx top-k ∩ exact top-k| / k (k = exact_ids.shape[1]); -1 ids count as misses."""
+    a, e = np.asarray(approx_ids), np.asarray(exact_ids)
+    k = e.shape[1]
+    found = [len(set(ar[:k].tolist()) & set(er.tolist())) for ar, er in zip(a, e)]
+    return float(np.mean(found) / k)
+
+
+def label_ids(query_labels: list, gallery_labels: list) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """String labels of both sides -> int tensors over one shared class list (None labels are refused)."""
+    if any(x is None for x in query_labels) or any(x is None for x in gallery_labels):
+        raise DataError("retrieval Recall@k, mAP and k-NN need a label for every image (class folders or a "
+                        "path,label manifest)")
+    names = sorted(set(query_labels) | set(gallery_labels))
+    lut = {n: i for i, n in enumerate(names)}
+    return (torch.tensor([lut[x] for x in query_labels]), torch.tensor([lut[x] for x in gallery_labels]), names)
+
+
+def evaluate(query_vecs, query_labels: list, gallery_vecs=None, gallery_labels: list | None = None, *,
+             ks: Sequence[int] = (1, 5, 10), map_: bool = True, knn_k: int = KNN_K, knn_t: float = KNN_T,
+             index=None, ann_k: int = 10) -> dict[str, Any]:
+    """Recall@k, mAP and k-NN top-1 of the queries against the gallery (leave-one-out when no gallery is given);
+    with a `SearchIndex` over the gallery, also its ANN recall@ann_k against exact search and the Recall@k the
+    index itself delivers."""
+    self_query = gallery_vecs is None
+    if self_query:
+        gallery_vecs, gallery_labels = query_vecs, query_labels
+    qy, gy, names = label_ids(query_labels, gallery_labels)
+    K = max(max(ks), ann_k)
+    _, ids = exact_topk(query_vecs, gallery_vecs, K, exclude_self=self_query)
+    out: dict[str, Any] = {"queries": len(qy), "gallery": len(gy), "leave_one_out": self_query,
+                           "recall": recall_at_k(gy[ids], qy, ks)}
+    if map_:
+        out["mAP"] = mean_average_precision(query_vecs, qy, gallery_vecs, gy, exclude_self=self_query)
+    knn = knn_classify(_tensor(gallery_vecs), gy, _tensor(query_vecs), qy, k=knn_k, T=knn_t, num_classes=len(names),
+                       exclude_self=self_query)
+    out["knn"] = {"top1": knn["top1"], "top5": knn["top5"], "k": knn_k, "T": knn_t}
+    if index is not None:
+        extra = int(self_query)  # the index returns the query itself first: ask for one more and drop it
+        _, approx = index.raw_search(np.asarray(query_vecs, dtype=np.float32), K + extra)
+        approx = torch.as_tensor(approx)
+        if self_query:
+            approx = torch.stack([row[row != i][:K] if (row == i).any() else row[:K]
+                                  for i, row in enumerate(approx)])
+        out["ann_recall"] = {f"recall@{ann_k}": ann_recall(approx[:, :ann_k].numpy(), ids[:, :ann_k].numpy()),
+                             "kind": index.meta["kind"], "params": index.meta.get("params", {})}
+        found = gy[approx.clamp(min=0)].masked_fill(approx < 0, -1)
+        out["index_recall"] = recall_at_k(found, qy, [k for k in ks if k <= ids.shape[1]])
+    return out
