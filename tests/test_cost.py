@@ -22,7 +22,9 @@ def part_of(param_name: str) -> str:
         return "mlp"
     if re.match(r"(blocks\.\d+\.norm[12]|norm_pre|norm|fc_norm)\.", param_name):
         return "norms"
-    if param_name in ("pos_embed", "cls_token", "dist_token", "reg_token", "mask_token"):
+    if param_name in ("pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "rope.freqs"):
+        return "pos_prefix"
+    if param_name.startswith("shared_rel_pos."):  # one relative-position MLP for all blocks
         return "pos_prefix"
     if re.match(r"(head|head_dist|pre_logits|attn_pool)\.", param_name):
         return "head"
@@ -70,7 +72,7 @@ def test_patch_size_sets_token_count(patch, tokens):
     ("vit_huge_patch14_224", 632_045_800),  # torchvision vit_b_16 / vit_l_16 / vit_h_14
 ])
 def test_published_parameter_counts(name, params):
-    assert model_cost(name).params_total == params
+    assert model_cost(name, num_classes=1000).params_total == params  # ViT-H/14's default head is timm's (none)
 
 
 @pytest.mark.parametrize("name,gmacs", [  # timm benchmark csv (1000-class heads, 224)

@@ -260,3 +260,11 @@ def test_models_built_or_loaded_through_the_api_follow_this_machines_decisions(t
     assert switches(vitkit.load_model(path)) == {False}
     monkeypatch.setenv("VITKIT_FAST_PATHS", "native_encoder=on")
     assert switches(vitkit.load_model(path)) == {True}
+    # the linear and attention switches too, with the same outputs either way (only the kernel changes)
+    monkeypatch.setenv("VITKIT_FAST_PATHS", "onednn_linear=off,matmul_attention=off")
+    plain = vitkit.load_model(path).eval()
+    assert {m.onednn for m in plain.modules() if hasattr(m, "onednn")} == {False}
+    assert {m.matmul_attention for m in plain.modules() if hasattr(m, "matmul_attention")} == {False}
+    x = torch.randn(2, model.cfg.in_chans, *model.cfg.img_size)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), model.eval()(x), atol=1e-5, rtol=1e-5)

@@ -27,7 +27,7 @@ def closed_form_params(D, depth, p, n_patches, K, C=3):
 ])
 def test_param_counts_match_paper_on_meta_device(name, expected):
     with torch.device("meta"):
-        m = vitkit.create_model(name)
+        m = vitkit.create_model(name, num_classes=1000)  # ViT-H/14's default head follows timm's (none)
     n = sum(p.numel() for p in m.parameters())
     cfg = m.cfg
     assert n == expected

@@ -2,6 +2,8 @@
 device; forward, backward, head reset, layer groups and a save/load round trip on a tiny override."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -17,7 +19,9 @@ def tiny_overrides(name: str) -> dict:
     entry = get_entry(name)
     cfg = entry.cfg
     if entry.family == "vit":
-        return {"depth": 1, "embed_dim": 4 * cfg.num_heads, "img_size": 2 * cfg.patch_size}
+        # width divisible by the blocks' heads and by an attention-pooling head's own count (Perception Encoder)
+        return {"depth": 1, "embed_dim": 4 * math.lcm(cfg.num_heads, cfg.pool_num_heads or 1),
+                "img_size": 2 * cfg.patch_size}
     if entry.family == "clip":  # both towers small; the image tower keeps its patch size and layout
         v = cfg.vision
         return {"vision": v.replace(depth=1, embed_dim=4 * v.num_heads, img_size=2 * v.patch_size), "embed_dim": 8,

@@ -7,6 +7,8 @@ from .common import add_json, emit
 def register(sub) -> None:
     p = sub.add_parser("models", help="list registered models with params, GMACs and pretrained tags")
     p.add_argument("pattern", nargs="?", help="substring or shell wildcard, e.g. deit or 'vit_*_patch16_224'")
+    p.add_argument("--refused", action="store_true",
+                   help="timm names vitkit refuses on purpose, with the reason (docs/catalogue.md)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -22,7 +24,33 @@ def model_rows(pattern: str | None = None) -> list[dict]:
     return [model_summary(name) for name in names]
 
 
+def refused_rows(pattern: str | None = None) -> list[dict]:
+    """The refusal table: timm name patterns vitkit does not build, each with its reason."""
+    import fnmatch
+
+    from ..models.vit_catalogue import REFUSED
+
+    pat = pattern if not pattern or any(c in pattern for c in "*?[") else f"*{pattern}*"
+    return [{"pattern": p, "reason": why} for p, why in REFUSED.items()
+            if not pat or fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(p.replace("*", ""), pat)]
+
+
 def run(args) -> int:
+    if args.refused:
+        def render_refused(rows):
+            from rich.table import Table
+
+            from .common import console
+
+            table = Table(title=f"{len(rows)} refused name patterns")
+            table.add_column("timm names", overflow="fold")
+            table.add_column("why vitkit does not build them", overflow="fold")
+            for r in rows:
+                table.add_row(r["pattern"], r["reason"])
+            console().print(table)
+
+        emit(args, refused_rows(args.pattern), render_refused)
+        return 0
     rows = model_rows(args.pattern)
 
     def render(rows):

@@ -11,6 +11,8 @@ from .mlp import MLP_LAYERS, Mlp, QuickGELU, SwiGLU, SwiGLUPacked, make_act
 from .patch_embed import EMBED_LAYERS, PatchEmbed
 from .pooling import AttentionPoolLatent
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
+from .rel_pos import RelPosMlp
+from .rope import ROPES, Rope2d, apply_rope
 
 _TABLES = {"embed": EMBED_LAYERS, "mlp": MLP_LAYERS}
 
@@ -52,8 +54,12 @@ __all__ = [
     "Mlp",
     "PatchEmbed",
     "QuickGELU",
+    "ROPES",
+    "RelPosMlp",
+    "Rope2d",
     "SwiGLU",
     "SwiGLUPacked",
+    "apply_rope",
     "layer_name",
     "make_act",
     "register_layer",

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .mlp import Linear
+from .rope import apply_rope
 
 
 class AttentionMap(nn.Module):
@@ -30,6 +31,9 @@ def sdpa_is_slower(q: torch.Tensor) -> bool:
 
 
 class Attention(nn.Module):
+    # the matmul form where `sdpa_is_slower` says so; `vitkit.hardware` turns it off on CPUs without native bf16
+    matmul_attention: bool = True
+
     def __init__(
         self,
         dim: int,
@@ -39,6 +43,8 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         eps: float = 1e-6,
+        k_bias: bool = True,
+        rope_half: bool = False,
     ):
         super().__init__()
         if dim % num_heads:
@@ -49,25 +55,44 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.fused = True
-        # rows of qkv are ordered q | k | v, heads contiguous inside each (timm's layout)
-        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.rope_half = rope_half  # rotary pairs: channel i with i + head_dim/2 (else adjacent channels)
+        # rows of qkv are ordered q | k | v, heads contiguous inside each (timm's layout). EVA-style models bias
+        # q and v only (k's bias would cancel in the softmax): timm's `q_bias` / `v_bias`, counted as such.
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias and k_bias)
+        self.q_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias and not k_bias else None
+        self.v_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias and not k_bias else None
         self.q_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
+        self.rel_pos = None  # a per-block relative position module the model asks for its bias (layers/rel_pos.py)
         self.attn_drop = nn.Dropout(attn_drop)
         self.attn_map = AttentionMap()
         self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
+    def forward(self, x: torch.Tensor, return_attn: bool = False, rope: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None):
+        """x [B, N, D]; rope: rotary table [..., n, 2 Dh] for the last n tokens (the patches; see layers/rope.py);
+        bias: added to the attention logits, [1, H, N, N] (a relative position bias, layers/rel_pos.py)."""
         B, N, D = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.q_bias is None:
+            qkv = self.qkv(x)
+        else:
+            qkv = F.linear(x, self.qkv.weight, torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
+        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each [B, H, N, Dh]
         q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # prefix tokens (class, registers) keep their channels
+            P = N - rope.shape[-2]
+            q = torch.cat([q[:, :, :P], apply_rope(q[:, :, P:], rope, self.rope_half)], dim=2)
+            k = torch.cat([k[:, :, :P], apply_rope(k[:, :, P:], rope, self.rope_half)], dim=2)
         attn = None
-        if self.fused and not return_attn and not sdpa_is_slower(q):
+        # with a bias, the matmul form: torch 2.14's ONNX export mis-strides SDPA's output given a float mask
+        if self.fused and not return_attn and bias is None and not (self.matmul_attention and sdpa_is_slower(q)):
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, H, N, N]
+            if bias is not None:
+                attn = attn + bias
             attn = self.attn_map(attn.softmax(dim=-1))
             x = self.attn_drop(attn) @ v  # [B, H, N, Dh]
         x = x.transpose(1, 2).reshape(B, N, D)

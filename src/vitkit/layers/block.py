@@ -1,4 +1,4 @@
-"""The pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+"""The transformer block: pre-norm x + attn(norm1(x)), then x + mlp(norm2(x)) (post-norm: x + norm1(attn(x)), ...)."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +7,7 @@ from torch.nn.modules import module as _nn_module
 
 from .attention import Attention
 from .mlp import Mlp
+from .rel_pos import RelPosMlp
 
 
 class LayerScale(nn.Module):
@@ -53,26 +54,46 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         eps: float = 1e-6,
         mlp_layer: type[nn.Module] = Mlp,  # any (dim, hidden, act=, drop=) module: Mlp, SwiGLU, ...
+        k_bias: bool = True,
+        rope_half: bool = False,
+        post_norm: bool = False,  # x + norm(attn(x)), x + norm(mlp(x)) (timm's ResPostBlock), else pre-norm
+        rel_pos_dim: int | None = None,  # hidden width of a per-block relative position MLP (layers/rel_pos.py)
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, eps)
-        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, eps, k_bias, rope_half)
+        # a per-block relative position MLP lives on the attention, under timm's key names (attn.rel_pos.mlp.*)
+        self.attn.rel_pos = RelPosMlp(num_heads, rel_pos_dim) if rel_pos_dim else None
+        self.post_norm = post_norm
+        layer_scale = init_values if init_values and not post_norm else None
+        self.ls1 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), act=act, drop=proj_drop)
-        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if post_norm and init_values:  # post-norm blocks start their norms' gains small instead (timm's init)
+            nn.init.constant_(self.norm1.weight, init_values)
+            nn.init.constant_(self.norm2.weight, init_values)
         # inference through torch's fused encoder-layer kernel where it computes the same thing
         self.native_fastpath = True
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
-        if not return_attn and self.native_fastpath and self._fastpath_applies(x):
+    def forward(self, x: torch.Tensor, return_attn: bool = False, rope: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None):
+        """rope: the rotary table for the patch tokens (layers/rope.py); bias: an additive attention bias
+        [1, H, N, N] (layers/rel_pos.py)."""
+        if (rope is None and bias is None and not return_attn and self.native_fastpath
+                and self._fastpath_applies(x)):
             return self._native_forward(x)
+        attn_in = x if self.post_norm else self.norm1(x)
         if return_attn:
-            y, attn = self.attn(self.norm1(x), return_attn=True)
+            y, attn = self.attn(attn_in, return_attn=True, rope=rope, bias=bias)
         else:
-            y, attn = self.attn(self.norm1(x)), None
+            y, attn = self.attn(attn_in, rope=rope, bias=bias), None
+        if self.post_norm:
+            x = x + self.drop_path1(self.norm1(y))
+            x = x + self.drop_path2(self.norm2(self.mlp(x)))
+            return (x, attn) if return_attn else x
         x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return (x, attn) if return_attn else x
@@ -85,7 +106,7 @@ class Block(nn.Module):
         tiny model). In fp32 it was no faster, so fp32 stays on the module path. Only for inference without grad,
         autocast or tracing, for the plain pre-norm block (exact GELU, biases, no qk-norm or LayerScale),
         and only when no hook waits on a submodule."""
-        if x.dtype not in (torch.bfloat16, torch.float16) or self.training or torch.is_grad_enabled():
+        if x.dtype not in (torch.bfloat16, torch.float16) or self.training or torch.is_grad_enabled() or self.post_norm:
             return False
         if x.ndim != 3 or x.dtype != self.norm1.weight.dtype or torch.is_autocast_enabled(x.device.type):
             return False
@@ -97,7 +118,7 @@ class Block(nn.Module):
             and isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity)
             and type(mlp) is Mlp and type(mlp.act) is nn.GELU and mlp.act.approximate == "none"
             and self.norm1.eps == self.norm2.eps
-            and all(lin.bias is not None for lin in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2))
+            and all(lin.bias is not None for lin in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2)) and attn.q_bias is None
         )
         return plain and not _has_hooks(self)
 

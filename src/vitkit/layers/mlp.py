@@ -40,10 +40,13 @@ class Linear(nn.Linear):
     EPYC it measured ~100 GFLOP/s per core against ~220 for oneDNN's matmul; ViT-Ti/S inference ran
     1.4-1.8x and small-model fp32 training steps 1.6x faster, outputs and gradients equal to 1e-6.
     Autocast, other dtypes, compiled or traced code and dispatch modes (FlopCounterMode, fake tensors)
-    keep F.linear: inductor and the exporters have their own kernels, and the counters do not know it."""
+    keep F.linear: inductor and the exporters have their own kernels, and the counters do not know it.
+    `onednn` is the switch `vitkit.hardware` sets per machine kind (off where MKL is not slower)."""
+
+    onednn: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (_ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu"
+        if (self.onednn and _ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu"
                 and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
                 and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
                 and _current_dispatch_mode() is None):

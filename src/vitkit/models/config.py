@@ -41,6 +41,7 @@ class ViTConfig(ModelConfig):
     num_heads: int = 12
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
+    k_bias: bool = True  # False: EVA-style q and v biases only (timm's attn.q_bias / attn.v_bias)
     qk_norm: bool = False
     init_values: float | None = None  # LayerScale init; None = no LayerScale
     class_token: bool = True
@@ -51,7 +52,23 @@ class ViTConfig(ModelConfig):
     # position table? True: concatenate prefix tokens, then add positions (ViT, DeiT, timm default).
     # False: add positions to patches only, then concatenate (DeiT III, big_vision, DINOv2 with registers).
     prefix_pos: bool = True
+    # rotary position embeddings in attention (layers/rope.py), alone (pos_embed="none") or with a table:
+    # none | axial (timm RotaryEmbeddingCat: RoPE-ViT, EVA, PE) | dinov3 (timm RotaryEmbeddingDinoV3)
+    rope: str = "none"
+    rope_temperature: float = 10000.0
+    rope_grid_offset: float = 0.0
+    rope_xy: bool = False  # column frequencies first (timm's rope_grid_indexing='xy')
+    rope_ref_grid: tuple[int, int] | None = None  # axial: positions rescaled onto this grid (timm's ref_feat_shape)
+    rope_rotate_half: bool = False  # pairs channel i with i + head_dim/2 instead of adjacent channels
+    # relative position bias from an MLP over log offsets (layers/rel_pos.py; timm's vit_relpos_*): none | mlp (one
+    # per block) | mlp_shared (one for all blocks), with `rel_pos_dim` hidden units
+    rel_pos: str = "none"
+    rel_pos_dim: int = 128
+    post_norm: bool = False  # blocks normalise each branch's output (timm's ResPostBlock) instead of its input
     global_pool: str = "token"  # token | avg | max | map
+    pool_include_prefix: bool = False  # avg/max/map pooling also over the prefix tokens (timm's EVA models' MAP)
+    pool_num_heads: int | None = None  # MAP head's heads and MLP ratio when not the blocks' (Perception Encoder)
+    pool_mlp_ratio: float | None = None
     fc_norm: bool | None = None  # norm after pooling instead of before; None = True for avg/max pooling
     final_norm: bool = True
     pre_norm: bool = False  # LayerNorm before the blocks (CLIP's ln_pre)
@@ -77,6 +94,8 @@ class ViTConfig(ModelConfig):
         if isinstance(self.img_size, int):
             self.img_size = (self.img_size, self.img_size)
         self.img_size = (int(self.img_size[0]), int(self.img_size[1]))
+        if self.rope_ref_grid is not None:
+            self.rope_ref_grid = (int(self.rope_ref_grid[0]), int(self.rope_ref_grid[1]))
         self.validate()
 
     def validate(self) -> None:
@@ -84,13 +103,17 @@ class ViTConfig(ModelConfig):
             if not cond:
                 raise ConfigError(msg)
 
-        from ..layers import EMBED_LAYERS, MLP_LAYERS
+        from ..layers import EMBED_LAYERS, MLP_LAYERS, ROPES
 
         need(self.embed_layer in EMBED_LAYERS, f"embed_layer must be one of {sorted(EMBED_LAYERS)}, got {self.embed_layer!r}")
         need(self.mlp_layer in MLP_LAYERS, f"mlp_layer must be one of {sorted(MLP_LAYERS)}, got {self.mlp_layer!r}")
         need(self.global_pool in POOLS, f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         need(self.pos_embed in POS_EMBEDS, f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
         need(self.act in ACTS, f"act must be one of {ACTS}, got {self.act!r}")
+        need(self.rope in ROPES, f"rope must be one of {ROPES}, got {self.rope!r}")
+        need(self.rel_pos in ("none", "mlp", "mlp_shared"), f"rel_pos must be none, mlp or mlp_shared, got {self.rel_pos!r}")
+        need(self.rope == "none" or (self.embed_dim // self.num_heads) % 4 == 0,
+             f"rotary position embeddings need a head width divisible by 4, got {self.embed_dim // self.num_heads}")
         need(self.weight_init in INITS, f"weight_init must be one of {INITS}, got {self.weight_init!r}")
         need(self.pos_interpolation in ("bicubic", "bilinear", "nearest"), "pos_interpolation: bicubic|bilinear|nearest")
         need(self.patch_size > 0, f"patch_size must be positive, got {self.patch_size}")
@@ -98,6 +121,9 @@ class ViTConfig(ModelConfig):
         need(self.num_classes >= 0, f"num_classes must be >= 0, got {self.num_classes}")
         need(self.depth >= 0 and self.embed_dim > 0 and self.num_heads > 0, "depth, embed_dim, num_heads must be positive")
         need(self.embed_dim % self.num_heads == 0, f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        pool_heads = self.pool_num_heads or self.num_heads
+        need(self.global_pool != "map" or self.embed_dim % pool_heads == 0,
+             f"embed_dim {self.embed_dim} is not divisible by the attention pool's {pool_heads} heads")
         for side in self.img_size:
             need(side > 0 and side % self.patch_size == 0,
                  f"img_size {self.img_size[0]}x{self.img_size[1]} is not divisible by patch size {self.patch_size}")

@@ -3,7 +3,36 @@
 builds the full report on these.)"""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .config import ViTConfig
+
+
+@lru_cache(maxsize=256)
+def _stem_cost(layer: str, img_size: tuple[int, int], patch_size: int, in_chans: int, D: int,
+               bias: bool) -> tuple[int, int, int]:
+    """(params, MACs per image, tokens) of a registered embed layer that is not the plain patch conv (a hybrid's
+    CNN stem): built and run on the meta device (no memory, no compute), its MACs counted by FlopCounterMode
+    (convolutions and matmuls; norms and activations are left out as everywhere here)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..layers import EMBED_LAYERS
+
+    with torch.device("meta"):
+        stem = EMBED_LAYERS[layer](img_size, patch_size, in_chans, D, bias=bias)
+        with FlopCounterMode(display=False) as counter:
+            stem(torch.empty(1, in_chans, *img_size))
+    return sum(p.numel() for p in stem.parameters()), counter.get_total_flops() // 2, stem.num_patches
+
+
+def _stem(cfg: ViTConfig) -> tuple[int, int, int]:
+    """(params, MACs, tokens) of the patch embedding: closed form for the patch conv, measured for a stem."""
+    C, p, D = cfg.in_chans, cfg.patch_size, cfg.embed_dim
+    if cfg.embed_layer == "patch":
+        N = cfg.grid_size[0] * cfg.grid_size[1]
+        return C * p * p * D + (D if cfg.patch_bias else 0), N * C * p * p * D, N
+    return _stem_cost(cfg.embed_layer, tuple(cfg.img_size), p, C, D, cfg.patch_bias)
 
 PARAM_PARTS = ("patch_embed", "attention", "mlp", "norms", "pos_prefix", "head")
 MAC_PARTS = ("patch_embed", "attn_proj", "attn_scores", "mlp", "head")
@@ -11,12 +40,16 @@ MAC_PARTS = ("patch_embed", "attn_proj", "attn_scores", "mlp", "head")
 
 def param_counts(cfg: ViTConfig) -> dict[str, int]:
     """Parameters by part (see the module docstring); matches the named parameters of VisionTransformer(cfg)."""
-    C, p, D, L = cfg.in_chans, cfg.patch_size, cfg.embed_dim, cfg.depth
+    D, L = cfg.embed_dim, cfg.depth
     Hm, Dh = int(D * cfg.mlp_ratio), D // cfg.num_heads
-    N, P = cfg.grid_size[0] * cfg.grid_size[1], cfg.num_prefix_tokens
-    layer_scale = D if cfg.init_values else 0
-    attn = 3 * D * D + (3 * D if cfg.qkv_bias else 0) + D * D + D + (4 * Dh if cfg.qk_norm else 0) + layer_scale
+    stem_params, _, N = _stem(cfg)
+    P = cfg.num_prefix_tokens
+    layer_scale = D if cfg.init_values and not cfg.post_norm else 0  # post-norm: init_values sets the norms' gains
+    qkv_bias = (3 if cfg.k_bias else 2) * D if cfg.qkv_bias else 0  # EVA-style: q and v biases only
+    attn = 3 * D * D + qkv_bias + D * D + D + (4 * Dh if cfg.qk_norm else 0) + layer_scale
     mlp = _mlp_params(cfg.mlp_layer, D, Hm) + layer_scale
+    rel_mlp = 2 * cfg.rel_pos_dim + cfg.rel_pos_dim + cfg.rel_pos_dim * cfg.num_heads + cfg.num_heads
+    attn += rel_mlp if cfg.rel_pos == "mlp" else 0  # a relative-position MLP per block (2 -> hidden -> heads)
     final_norms = 2 * D if cfg.final_norm else 0  # `norm` or `fc_norm`, never both
     pos_rows = 0 if cfg.pos_embed == "none" else N + (P if cfg.prefix_pos else 0)
     feat, K = cfg.representation_size or D, cfg.num_classes
@@ -25,30 +58,34 @@ def param_counts(cfg: ViTConfig) -> dict[str, int]:
         head += D * feat + feat
     if cfg.global_pool == "map":  # latent, q, kv, proj, norm and MLP of the attention-pooling head
         b = 3 * D if cfg.qkv_bias else 0
-        head += D + 3 * D * D + b + D * D + D + 2 * D + _mlp_params("mlp", D, Hm)
+        head += D + 3 * D * D + b + D * D + D + 2 * D + _mlp_params("mlp", D, int(D * (cfg.pool_mlp_ratio or cfg.mlp_ratio)))
     return {
-        "patch_embed": C * p * p * D + (D if cfg.patch_bias else 0),
+        "patch_embed": stem_params,
         "attention": L * attn,
         "mlp": L * mlp,
         "norms": L * 4 * D + (2 * D if cfg.pre_norm else 0) + final_norms,
-        "pos_prefix": pos_rows * D + P * D + (D if cfg.mask_token else 0),
+        # + RoPE-Mixed's learned frequencies (2 x depth x heads x head_dim/2; fixed rotary tables have none) and a
+        # relative-position MLP shared by all blocks
+        "pos_prefix": pos_rows * D + P * D + (D if cfg.mask_token else 0) + (L * D if cfg.rope == "mixed" else 0)
+        + (rel_mlp if cfg.rel_pos == "mlp_shared" else 0),
         "head": head,
     }
 
 
 def mac_counts(cfg: ViTConfig) -> dict[str, int]:
-    """Forward multiply-accumulates per image by part (matmuls and the patch conv only)."""
-    C, p, D, L = cfg.in_chans, cfg.patch_size, cfg.embed_dim, cfg.depth
+    """Forward multiply-accumulates per image by part (matmuls and the patch conv only; rotary tables are
+    elementwise and a relative-position MLP runs once per forward, not per image: both are left out)."""
+    D, L = cfg.embed_dim, cfg.depth
     Hm = int(D * cfg.mlp_ratio)
-    N = cfg.grid_size[0] * cfg.grid_size[1]
+    _, stem_macs, N = _stem(cfg)
     T = N + cfg.num_prefix_tokens
     feat, K = cfg.representation_size or D, cfg.num_classes
     # DeiT distilled: pre_logits and a head for both the class and the distillation token
     head = (feat * K + (D * feat if cfg.representation_size else 0)) * (2 if cfg.distilled else 1)
     if cfg.global_pool == "map":  # one query: q and proj D^2, kv 2 N D^2, scores 2 N D, MLP 2 D Hm
-        head += 2 * D * D + 2 * N * D * D + 2 * N * D + _mlp_macs("mlp", D, Hm)
+        head += 2 * D * D + 2 * N * D * D + 2 * N * D + _mlp_macs("mlp", D, int(D * (cfg.pool_mlp_ratio or cfg.mlp_ratio)))
     return {
-        "patch_embed": N * C * p * p * D,
+        "patch_embed": stem_macs,
         "attn_proj": L * T * 4 * D * D,  # qkv (3 D^2) + proj (D^2) per token
         "attn_scores": L * 2 * T * T * D,  # QK^T and AV: T^2 * Dh per head each, times H heads
         "mlp": L * T * _mlp_macs(cfg.mlp_layer, D, Hm),
@@ -72,7 +109,7 @@ def _mlp_macs(kind: str, D: int, Hm: int) -> int:
 def activation_elements(cfg: ViTConfig, fused_attention: bool = True) -> int:
     """Elements autograd saves for backward in one training forward of one image (formula in the docstring).
     Modelled for the GELU MLP and token/avg/max pooling; SwiGLU MLPs and the MAP head are counted as if
-    they were those (not checked against autograd)."""
+    they were those (not checked against autograd); a hybrid's CNN stem keeps activations that are not counted."""
     D, L, H = cfg.embed_dim, cfg.depth, cfg.num_heads
     Hm = int(D * cfg.mlp_ratio)
     T = cfg.grid_size[0] * cfg.grid_size[1] + cfg.num_prefix_tokens

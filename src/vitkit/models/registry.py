@@ -110,6 +110,11 @@ def get_entry(name: str) -> ModelEntry:
     """The entry for a name; a pretrained tag after a dot ('vit_base_patch16_224.augreg_in21k') is ignored."""
     base = name.split(".", 1)[0]
     if base not in _REGISTRY:
+        from .vit_catalogue import refusal  # timm names refused on purpose, with the reason
+
+        why = refusal(base)
+        if why:
+            raise ConfigError(f"{base} is not built by vitkit: {why} (see docs/catalogue.md)")
         import difflib
 
         close = difflib.get_close_matches(base, list(_REGISTRY), n=5, cutoff=0.6)  # most similar first

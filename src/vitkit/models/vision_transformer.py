@@ -21,6 +21,8 @@ from ..layers import (
     MLP_LAYERS,
     AttentionPoolLatent,
     Block,
+    RelPosMlp,
+    Rope2d,
     layer_name,
     resample_pos_embed,
     sincos_2d_pos_embed,
@@ -72,17 +74,24 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D), requires_grad=cfg.pos_embed == "learn")
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.norm_pre = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
+        self.rope = None if cfg.rope == "none" else Rope2d(
+            D // cfg.num_heads, cfg.rope, cfg.rope_temperature, cfg.rope_grid_offset, cfg.rope_xy, cfg.rope_ref_grid,
+            cfg.rope_rotate_half, cfg.depth, cfg.num_heads)
 
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # deeper blocks drop more
         mlp_cls = MLP_LAYERS[cfg.mlp_layer]
+        self.shared_rel_pos = RelPosMlp(cfg.num_heads, cfg.rel_pos_dim) if cfg.rel_pos == "mlp_shared" else None
         self.blocks = nn.Sequential(*[
             Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.qk_norm, cfg.init_values, cfg.act,
-                  cfg.proj_drop_rate, cfg.attn_drop_rate, dpr[i], cfg.norm_eps, mlp_layer=mlp_cls)
+                  cfg.proj_drop_rate, cfg.attn_drop_rate, dpr[i], cfg.norm_eps, mlp_layer=mlp_cls, k_bias=cfg.k_bias,
+                  rope_half=cfg.rope_rotate_half, post_norm=cfg.post_norm,
+                  rel_pos_dim=cfg.rel_pos_dim if cfg.rel_pos == "mlp" else None)
             for i in range(cfg.depth)
         ])
         use_fc_norm = cfg.use_fc_norm
         self.norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.final_norm and not use_fc_norm else nn.Identity()
-        self.attn_pool = (AttentionPoolLatent(D, cfg.num_heads, cfg.mlp_ratio, cfg.act, cfg.norm_eps, cfg.qkv_bias)
+        self.attn_pool = (AttentionPoolLatent(D, cfg.pool_num_heads or cfg.num_heads, cfg.pool_mlp_ratio or cfg.mlp_ratio,
+                                              cfg.act, cfg.norm_eps, cfg.qkv_bias)
                           if cfg.global_pool == "map" else None)
         self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.final_norm and use_fc_norm else nn.Identity()
         if cfg.representation_size:
@@ -149,14 +158,15 @@ class VisionTransformer(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that should not be weight-decayed (besides norms and biases)."""
-        return {"pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "attn_pool.latent"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "attn_pool.latent", "rope.freqs"}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         """timm-style grouping: the stem (embeddings) and one group per block (the final norm joins the last
         block, `(99999,)`); unmatched names (pooling, heads) form the last group. Drives layer-wise LR decay."""
         return {
-            "stem": r"^cls_token|^pos_embed|^patch_embed|^reg_token|^dist_token|^mask_token|^norm_pre",
+            "stem": r"^cls_token|^pos_embed|^patch_embed|^reg_token|^dist_token|^mask_token|^norm_pre|^rope"
+                    r"|^shared_rel_pos",
             "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         }
 
@@ -248,12 +258,14 @@ class VisionTransformer(nn.Module):
                 and w.shape[2:] == own_w.shape[2:]):
             sd["patch_embed.proj.weight"] = adapt_in_chans(w, own_w.shape[1])
             log.info("%s: adapted %d-channel patch embedding to %d channels", source, w.shape[1], own_w.shape[1])
+        if hasattr(self.patch_embed, "adapt_state_dict"):  # a hybrid's CNN stem: its first conv's channels
+            sd = self.patch_embed.adapt_state_dict(sd, "patch_embed.")
         return sd
 
     @property
     def _pos_prefix(self) -> int:
-        """How many rows of the position table belong to prefix tokens."""
-        return self.num_prefix_tokens if self.cfg.prefix_pos else 0
+        """How many rows of the position table belong to prefix tokens (none without a table)."""
+        return self.num_prefix_tokens if self.cfg.prefix_pos and self.cfg.pos_embed != "none" else 0
 
     def _sincos_table(self, grid: tuple[int, int]) -> torch.Tensor:
         """[1, Gh*Gw, D] fixed table for a grid (sincos: column first as MAE; sincos_hw: vitkit's old order)."""
@@ -319,6 +331,43 @@ class VisionTransformer(nn.Module):
         x = self.add_prefix(x, pos)
         return self.norm_pre(self.pos_drop(x))
 
+    def rope_table(self, grid: tuple[int, int], keep: torch.Tensor | None = None, device=None) -> torch.Tensor | None:
+        """The rotary table of this grid's patches [N, 2 Dh] (with `keep`: of the kept ones, [B, 1, K, 2 Dh]), or
+        None for a model without rotary positions. Learned per-block tables (`rope="mixed"`) have a leading
+        [depth, heads] ([depth, B, heads] with `keep`); `block_rope` picks block i's."""
+        if self.rope is None:
+            return None
+        table = self.rope.table(grid, device=device)  # [N, 2 Dh] or [L, H, N, 2 Dh]
+        if keep is not None:
+            if table.ndim == 2:
+                table = table[keep][:, None]  # [B, 1, K, 2 Dh]: broadcast over heads
+            else:
+                table = table[:, :, keep].permute(0, 2, 1, 3, 4)  # [L, B, H, K, 2 Dh]
+        return table
+
+    def block_rope(self, rope: torch.Tensor | None, i: int) -> torch.Tensor | None:
+        """Block i's rotary table: its own for learned per-block tables, else the shared one."""
+        return rope[i] if rope is not None and self.cfg.rope == "mixed" else rope
+
+    def rel_pos_bias(self, grid: tuple[int, int]) -> list[torch.Tensor | None]:
+        """Each block's additive attention bias [1, H, P + N, P + N] for this grid (relative positions), or Nones."""
+        if self.shared_rel_pos is not None:
+            return [self.shared_rel_pos(grid, self.num_prefix_tokens)] * len(self.blocks)
+        return [None if blk.attn.rel_pos is None else blk.attn.rel_pos(grid, self.num_prefix_tokens)
+                for blk in self.blocks]
+
+    @property
+    def _grid_aware(self) -> bool:
+        """Whether blocks need the input's patch grid (rotary positions or relative position biases)."""
+        return self.rope is not None or self.cfg.rel_pos != "none"
+
+    def _block_biases(self, grid: tuple[int, int] | None, keep: torch.Tensor | None = None) -> list:
+        if self.cfg.rel_pos == "none":
+            return [None] * len(self.blocks)
+        if keep is not None:
+            raise ConfigError("keeping a subset of patches (MAE) is not supported with relative position biases")
+        return self.rel_pos_bias(grid)
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Image [B, C, H, W] -> input tokens of the first block [B, P + N, D]."""
         return self.prepare_tokens(x)
@@ -329,28 +378,32 @@ class VisionTransformer(nn.Module):
         """Image -> normalised tokens [B, P + N, D] (`keep`, `mask`, `pos`: see `prepare_tokens`). With
         `return_attn`, also the list of per-block attention probabilities [B, H, T, T] (computed on the
         eager path for this call only)."""
+        grid = self.patch_embed.grid_for(x.shape[-2], x.shape[-1]) if self._grid_aware else None
+        rope = None if self.rope is None else self.rope_table(grid, keep, x.device)
+        biases = self._block_biases(grid, keep)
         x = self.prepare_tokens(x, keep=keep, mask=mask, pos=pos)
         attns = []
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):
+            r, b = self.block_rope(rope, i), biases[i]
             if return_attn:
-                x, a = blk(x, return_attn=True)
+                x, a = blk(x, return_attn=True, rope=r, bias=b)
                 attns.append(a)
             elif self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, use_reentrant=False)
+                x = checkpoint(blk, x, rope=r, bias=b, use_reentrant=False)
             else:
-                x = blk(x)
+                x = blk(x, rope=r, bias=b)
         x = self.norm(x)
         return (x, attns) if return_attn else x
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, D] -> [B, D] by the configured pooling (class token, mean/max of patch tokens, or MAP)."""
+        """[B, T, D] -> [B, D] by the configured pooling: the class token, or mean / max / MAP over the patch tokens
+        (over all tokens with `pool_include_prefix`, as timm's EVA-family models pool)."""
+        if self.cfg.global_pool == "token":
+            return x[:, 0]
+        tokens = x if self.cfg.pool_include_prefix else x[:, self.num_prefix_tokens:]
         if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens:])
-        if self.cfg.global_pool == "avg":
-            return x[:, self.num_prefix_tokens:].mean(dim=1)
-        if self.cfg.global_pool == "max":
-            return x[:, self.num_prefix_tokens:].amax(dim=1)
-        return x[:, 0]
+            return self.attn_pool(tokens)
+        return tokens.mean(dim=1) if self.cfg.global_pool == "avg" else tokens.amax(dim=1)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
         """Tokens [B, T, D] -> logits [B, K] (or pooled features [B, D'] with `pre_logits=True`)."""
@@ -404,11 +457,13 @@ class VisionTransformer(nn.Module):
         if any(i < 0 or i >= depth for i in take):
             raise ConfigError(f"block indices {indices} out of range for depth {depth}")
         gh, gw = self.patch_embed.grid_for(x.shape[-2], x.shape[-1])
+        rope = self.rope_table((gh, gw), device=x.device)
+        biases = self._block_biases((gh, gw))
         x = self.embed(x)
         outs = []
         last = max(take) if take else -1
         for i, blk in enumerate(self.blocks):
-            x = blk(x)
+            x = blk(x, rope=self.block_rope(rope, i), bias=biases[i])
             if i in take:
                 y = self.norm(x) if norm else x
                 prefix, spatial = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]

@@ -1,8 +1,9 @@
 """The `vit` family's names: a short variant table (big_vision's `B/16` style) decoded into ViTConfigs.
 
-Name grammar (timm-compatible): `vit_{size}_patch{P}_{res}` plus DeiT, DeiT III, DINOv2, CLIP, MAE and
-small-image entries below. Pretrained tags name timm's hub repos (`timm/{name}.{tag}`); a test checks each
-against timm's list of pretrained weights.
+Every `vit_*` / `deit*` name timm registers comes from models/vit_catalogue.py, as timm defines it (DeiT, DeiT III,
+CLIP, SigLIP, DINOv2/v3, registers, RoPE, relative positions, ...), or is refused there with the reason; below are
+the paper's grid under timm's grammar `vit_{size}_patch{P}_{res}` (sizes timm lacks), MAE encoders and small-image
+models. Pretrained tags name timm's hub repos (`timm/{name}.{tag}`); a test checks each against timm's list.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..layers import layer_name
-from .config import CLIP_MEAN, CLIP_STD, INCEPTION_MEAN, INCEPTION_STD, ViTConfig
+from .config import INCEPTION_MEAN, INCEPTION_STD, ViTConfig
 from .cost import vit_cost
 from .registry import Pretrained, register_family, register_model
 from .vision_transformer import VisionTransformer
+from .vit_catalogue import CATALOGUE, STATS, hub_name, refusal
 
 # size -> (width, depth, heads, mlp width). The ViT paper's Table 1 plus the usual extras.
 SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -109,6 +111,8 @@ register_family("vit", ViTConfig, VisionTransformer, cost=vit_cost, translate_kw
 
 
 def _add(name: str, group: str, *, pretrained: dict[str, str] | None = None, **kw) -> None:
+    if name in CATALOGUE:  # timm's names are registered from the catalogue, as timm defines them
+        return
     entry = {k: kw.pop(k) for k in ("mean", "std", "crop_pct", "interpolation", "notes") if k in kw}
     tags = {tag: Pretrained(hub=repo) for tag, repo in (pretrained or {}).items()}
     register_model(name, "vit", ViTConfig(**kw), group=group, pretrained=tags, **entry)
@@ -118,52 +122,48 @@ def _timm(name: str, *tags: str) -> dict[str, str]:
     return {tag: f"timm/{name}.{tag}" for tag in tags}
 
 
+def catalogue_group(name: str) -> str:
+    """A listing label for a timm name: the training recipe or model line it comes from."""
+    for key in ("deit3", "deit", "_pe_", "siglip", "clip", "dinov3", "dinov2", "tipsv2", "radio", "intern", "miil",
+                "lingbot", "relpos", "rope"):
+        if key in name:
+            return key.strip("_")
+    if "_reg" in name:
+        return "vit-reg"
+    return "vit-gap" if "_gap_" in name or "_map_" in name else "vit"
+
+
+def _register_catalogue() -> None:
+    """timm's `vit_*` / `deit*` names (models/vit_catalogue.py), with timm's default head and preprocessing."""
+    for name, (kw, pre, tags) in CATALOGUE.items():
+        stats, crop, interpolation = pre.split()
+        mean, std = STATS[stats]
+        weights = {tag: Pretrained(hub=f"timm/{hub_name(name)}.{tag}") for tag in tags.split()}
+        register_model(name, "vit", ViTConfig(**kw), group=catalogue_group(name), pretrained=weights, mean=mean,
+                       std=std, crop_pct=float(crop), interpolation=interpolation)
+
+
+def refused_error(name: str) -> ConfigError | None:
+    """The one-line error for a timm name vitkit refuses on purpose (models/vit_catalogue.py REFUSED)."""
+    why = refusal(name)
+    return ConfigError(f"{name.split('.', 1)[0]} is not built by vitkit: {why} (see docs/catalogue.md)") if why else None
+
+
 def _register() -> None:
-    # The paper's family: every size x patch x resolution people use. timm publishes augreg weights for
-    # Ti/16, S/16, S/32, B/16, B/32, L/16 at 224 and only the original in21k ones for L/32.
-    augreg = {"tiny": (16,), "small": (16, 32), "base": (16, 32), "large": (16,)}
+    _register_catalogue()
+    # The paper's family at every size x patch x resolution people use (timm's names among them, with their
+    # weights, come from the catalogue).
     for size in ("tiny", "small", "medium", "base", "large", "huge", "giant"):
         for p in (8, 14, 16, 32):
             for res in ((224, 518) if p == 14 else (224, 384)):
-                name = f"vit_{size}_patch{p}_{res}"
-                tags = {}
-                if res == 224 and p in augreg.get(size, ()):
-                    tags = _timm(name, "augreg_in21k_ft_in1k")
-                elif name == "vit_large_patch32_224":
-                    tags = _timm(name, "orig_in21k")
-                _add(name, "vit", img_size=res, patch_size=p, **size_config(size), mean=INCEPTION_MEAN,
-                     std=INCEPTION_STD, crop_pct=0.9 if res == 224 else 1.0, pretrained=tags)
-    # Global-average-pooled variants (no class token, fc_norm after pooling).
+                _add(f"vit_{size}_patch{p}_{res}", "vit", img_size=res, patch_size=p, **size_config(size),
+                     mean=INCEPTION_MEAN, std=INCEPTION_STD, crop_pct=0.9 if res == 224 else 1.0)
+    # Global-average-pooled variants (no class token, fc_norm after pooling); timm's base one differs (16
+    # heads, no fc_norm) and comes from the catalogue.
     for size in ("tiny", "small", "base", "large"):
         _add(f"vit_{size}_patch16_gap_224", "vit-gap", patch_size=16, class_token=False, global_pool="avg",
              **size_config(size))
-    # DeiT: ImageNet mean/std, crop 0.875; distilled adds a distillation token and head.
-    for size in ("tiny", "small", "base"):
-        for res in (224, 384):
-            if size != "base" and res == 384:
-                continue
-            crop = 0.875 if res == 224 else 1.0
-            name, dname = f"deit_{size}_patch16_{res}", f"deit_{size}_distilled_patch16_{res}"
-            _add(name, "deit", img_size=res, patch_size=16, crop_pct=crop, pretrained=_timm(name, "fb_in1k"),
-                 **size_config(size))
-            _add(dname, "deit", img_size=res, patch_size=16, distilled=True, crop_pct=crop,
-                 pretrained=_timm(dname, "fb_in1k"), **size_config(size))
-    # DeiT III: LayerScale, no position rows for the class token.
-    for size in ("small", "base", "large"):
-        _add(f"deit3_{size}_patch16_224", "deit3", patch_size=16, init_values=1e-6, prefix_pos=False,
-             crop_pct=0.875, **size_config(size))
-    # DINOv2: patch 14 at 518, LayerScale; with registers the prefix tokens get no positions.
-    for size in ("small", "base", "large"):
-        _add(f"vit_{size}_patch14_dinov2", "dinov2", img_size=518, patch_size=14, init_values=1e-5,
-             num_classes=0, crop_pct=1.0, **size_config(size))
-        _add(f"vit_{size}_patch14_reg4_dinov2", "dinov2", img_size=518, patch_size=14, init_values=1e-5,
-             num_reg_tokens=4, prefix_pos=False, num_classes=0, crop_pct=1.0, **size_config(size))
-    # CLIP visual towers (OpenAI layout): pre-norm, no patch bias, QuickGELU. Headless by default; a
-    # checkpoint's image projection (768 -> 512 for B) is kept as the head when it has one.
-    for size, p in (("base", 32), ("base", 16), ("large", 14)):
-        _add(f"vit_{size}_patch{p}_clip_quickgelu_224", "clip", patch_size=p, pre_norm=True, patch_bias=False,
-             act="quick_gelu", norm_eps=1e-5, num_classes=0, mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0,
-             **size_config(size))
+    # DeiT, DeiT III, DINOv2 and CLIP towers: all timm's names, registered from the catalogue above.
     # MAE encoders: fixed 2D sin-cos positions.
     for size, p in (("base", 16), ("large", 16), ("huge", 14)):
         _add(f"vit_{size}_patch{p}_mae", "mae", patch_size=p, pos_embed="sincos", num_classes=0,

@@ -29,18 +29,36 @@ def infer_config(sd: StateDict, hints: dict | None = None, source: str = "the ch
     depth = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
     kw: dict = dict(embed_dim=D, in_chans=C, patch_size=P, depth=depth)
     if depth:
-        kw["mlp_ratio"] = sd["blocks.0.mlp.fc1.weight"].shape[0] / D
-        kw["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
+        if "blocks.0.mlp.fc1_g.weight" in sd:  # SwiGLU: gate and value branches, each `hidden` wide
+            kw["mlp_layer"], hidden = "swiglu", sd["blocks.0.mlp.fc1_g.weight"].shape[0]
+        else:
+            hidden = sd["blocks.0.mlp.fc1.weight"].shape[0]
+            if sd["blocks.0.mlp.fc2.weight"].shape[1] * 2 == hidden:  # both SwiGLU branches packed in fc1
+                kw["mlp_layer"] = "swiglu_packed"
+        kw["mlp_ratio"] = hidden / D
+        kw["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd or "blocks.0.attn.q_bias" in sd
+        kw["k_bias"] = "blocks.0.attn.q_bias" not in sd  # EVA-style: q and v biases only
         kw["qk_norm"] = "blocks.0.attn.q_norm.weight" in sd
+        if "blocks.0.attn.rel_pos.mlp.fc1.weight" in sd:  # a relative-position MLP per block (timm vit_relpos_*)
+            kw["rel_pos"], kw["rel_pos_dim"] = "mlp", sd["blocks.0.attn.rel_pos.mlp.fc1.weight"].shape[0]
         if "blocks.0.ls1.gamma" in sd:
             kw["init_values"] = 1e-5  # the value is only an init; the trained gammas are loaded
     kw["class_token"] = "cls_token" in sd
     kw["distilled"] = "dist_token" in sd
     kw["num_reg_tokens"] = sd["reg_token"].shape[1] if "reg_token" in sd else 0
+    if "shared_rel_pos.mlp.fc1.weight" in sd:  # one for all blocks (timm vit_srelpos_*)
+        kw["rel_pos"], kw["rel_pos_dim"] = "mlp_shared", sd["shared_rel_pos.mlp.fc1.weight"].shape[0]
+    if "rope.freqs" in sd:  # RoPE-Mixed's learned frequencies; timm builds these models column-first
+        kw["rope"], kw["rope_xy"] = "mixed", True
     kw["pre_norm"] = "norm_pre.weight" in sd
     kw["patch_bias"] = "patch_embed.proj.bias" in sd
     kw["final_norm"] = "norm.weight" in sd or "fc_norm.weight" in sd
-    if "fc_norm.weight" in sd:
+    if "attn_pool.latent" in sd:  # SigLIP's attention-pooling (MAP) head
+        kw["global_pool"] = "map"
+        kw["fc_norm"] = "fc_norm.weight" in sd
+        if "attn_pool.mlp.fc1.weight" in sd:
+            kw["pool_mlp_ratio"] = sd["attn_pool.mlp.fc1.weight"].shape[0] / D
+    elif "fc_norm.weight" in sd:
         kw["global_pool"] = hints.pop("global_pool", "avg")
         kw["fc_norm"] = True
     elif not kw["class_token"]:

@@ -30,11 +30,32 @@ def _timm_config_hints(cfg: dict | None) -> dict:
     return hints
 
 
+def _registered_hints(cfg: dict | None, sd: StateDict) -> dict:
+    """What a timm hub folder's architecture name says beyond the shapes (heads, activation, LayerNorm epsilon,
+    rotary and pooling settings, post-norm blocks), when that name is registered here with the width these weights
+    have (a narrowed copy keeps only the name)."""
+    from ...models.registry import get_entry, list_models
+
+    arch = str((cfg or {}).get("architecture", ""))
+    if arch not in list_models(family="vit"):
+        return {}
+    entry, w = get_entry(arch), sd.get("patch_embed.proj.weight")
+    if w is None or w.shape[0] != entry.cfg.embed_dim:
+        return {}
+    cfg = entry.cfg
+    hints = {"num_heads": cfg.num_heads, "act": cfg.act, "norm_eps": cfg.norm_eps}
+    # fixed rotary positions, post-norm blocks and MAP pooling over prefix tokens leave no tensor of their own:
+    # only the name says so
+    keys = ("rope", "rope_temperature", "rope_grid_offset", "rope_xy", "rope_ref_grid", "rope_rotate_half",
+            "pool_include_prefix", "pool_num_heads", "post_norm")
+    return hints | {k: getattr(cfg, k) for k in keys}
+
+
 @layout("timm", _is_timm)
 def convert_timm(sd: StateDict, hf_config=None) -> Imported:
-    if any(".mlp.fc1_g." in k or ".mlp.w12." in k for k in sd):
-        raise CheckpointError("checkpoint with a SwiGLU MLP (mlp.fc1_g/fc1_x): vitkit blocks have a GELU MLP "
-                              "and cannot hold these weights")
+    if any(".mlp.w12." in k for k in sd):
+        raise CheckpointError("checkpoint with an xformers-style SwiGLU MLP (mlp.w12/w3): import it from the DINOv2 "
+                              "layout (its own key names) or convert it with timm first")
     out, dropped = {}, []
     for k, v in sd.items():
         if k.startswith(_DROP_PREFIXES):
@@ -46,6 +67,7 @@ def convert_timm(sd: StateDict, hf_config=None) -> Imported:
     hints: dict = {}
     if "norm_pre.weight" in out and "patch_embed.proj.bias" not in out:
         hints["norm_eps"] = 1e-5  # timm's CLIP towers (pre-norm, bias-free patch conv) use torch's LayerNorm
+    hints.update(_registered_hints(hf_config, out))
     hints.update(_timm_config_hints(hf_config))
     layout_name = "mae" if any(k.startswith("decoder_") for k in dropped) else "timm"
     return Imported(out, layout_name, hints, dropped)
