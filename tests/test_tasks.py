@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -139,3 +140,47 @@ def test_a_new_objective_trains_through_the_unchanged_loop(tmp_path, monkeypatch
     report = (tmp_path / "run" / "report.md").read_text()
     assert f"loss {done['final']['loss']:.4g}" in report and "top-1" not in report
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0 and not (tmp_path / "run" / "confusion.png").exists()
+
+
+OBJECTIVES = {
+    "mae": {"decoder_dim": 32, "decoder_depth": 1},
+    "dino": {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16, "n_local": 2},
+    "classification": {},
+}
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_ctrl_c_mid_epoch_and_resume_equal_an_uninterrupted_run(name, tmp_path, monkeypatch):
+    """Ctrl-C inside an epoch (the loop stops after the step it is in, saving the state), then --resume: the
+    same step losses and the same weights as a run never stopped, for each objective with state of its own."""
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from vitkit.training.trainer import Interrupted
+
+    base = TASKS[name]
+
+    class CtrlC(base):  # Ctrl-C during optimiser step 5 of 6 (epoch 2 of 2, 3 steps each)
+        def after_step(self, step: int) -> None:
+            super().after_step(step)
+            if step == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    recipe = Recipe(task=name, task_args=OBJECTIVES[name], data="digits", model="vit_pico_patch2_8", epochs=2,
+                    steps_per_epoch=3, batch_size=16, threads=1, bf16=False, warmup_epochs=0, drop_path_rate=0.1,
+                    eval_batch_size=512)
+    Trainer(recipe, tmp_path / "straight", quiet=True).run()
+    monkeypatch.setitem(TASKS, name, CtrlC)
+    with pytest.raises(Interrupted):
+        Trainer(recipe, tmp_path / "split", quiet=True).run()
+    assert load_state(tmp_path / "split" / "state.safetensors")["info"]["step"] == 5
+    monkeypatch.setitem(TASKS, name, base)
+    Trainer(recipe, tmp_path / "split", resume=True, quiet=True).run()
+    losses = [[json.loads(s)["loss"] for s in (tmp_path / r / "steps.jsonl").read_text().splitlines()]
+              for r in ("straight", "split")]
+    assert len(losses[0]) == 6 and losses[0] == pytest.approx(losses[1], rel=1e-6)
+    a, b = load_file(str(tmp_path / "straight" / "last.safetensors")), load_file(str(tmp_path / "split" / "last.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)

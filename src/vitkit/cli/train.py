@@ -29,6 +29,8 @@ def register(sub) -> None:
     p.add_argument("--img-size", type=int, help="train at this resolution (position embeddings are resampled)")
     p.add_argument("--task", help="training objective: classification, distillation, mae, dino or segment "
                    "(the same as --set task=NAME)")
+    p.add_argument("--teacher", metavar="CKPT|recipe:NAME", help="distillation teacher: a checkpoint, or a preset "
+                   "trained first (the same as --set task.teacher=...)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any recipe field (repeatable), e.g. --set ema=true --set model.depth=6")
     p.add_argument("--finetune", metavar="CKPT", help="start from any checkpoint vitkit can load (new head, "
@@ -65,7 +67,8 @@ def resolve_recipe(args):
             raise ConfigError(f"{args.out}: nothing to resume (no config.json)")
         saved = json.loads(cfg.read_text())
         recipe = Recipe.from_dict(saved["recipe"])
-        if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe or args.task:
+        if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe or args.task \
+                or args.teacher:
             raise ConfigError("--resume continues the saved recipe exactly; start a new run to change it")
         return recipe, saved.get("finetune")
     name = args.recipe or ("finetune" if args.finetune else "digits")
@@ -78,7 +81,7 @@ def resolve_recipe(args):
     if "model" in changes and changes["model"] != recipe.model:
         changes.setdefault("model_args", {})  # a preset's architecture tweaks belong to its own model,
         changes.setdefault("threads", None)  # and so does its thread count (digits: 1 for a 0.3M model)
-    recipe = recipe.replace(**changes).override(args.set)
+    recipe = recipe.replace(**changes).override(args.set + ([f"task.teacher={args.teacher}"] if args.teacher else []))
     if not args.finetune and not recipe.model:
         raise ConfigError(f"recipe {recipe.name!r} needs --finetune CKPT or --model NAME")
     return derive(recipe, args.finetune), args.finetune

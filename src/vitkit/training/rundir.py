@@ -24,7 +24,8 @@ class TrainingError(VitkitError):
 
 # what a run writes into its folder (a fresh run replaces these; other files there are left alone)
 RUN_FILES = ("config.json", "metrics.jsonl", "steps.jsonl", "state.safetensors", "last.safetensors",
-             "best.safetensors", "summary.json", "report.md", "curves.png", "confusion.png")
+             "best.safetensors", "summary.json", "report.md", "curves.png", "confusion.png",
+             "teacher.safetensors")  # the last: a task's own checkpoint (Task.checkpoints, DINO's teacher)
 
 
 def _write_errors() -> tuple[type[BaseException], ...]:
@@ -142,6 +143,15 @@ class RunDir:
         except _WRITE_ERRORS as e:
             raise TrainingError(f"could not write {path}: {_reason(e)}; the previous file is intact "
                                 "(writes are atomic)") from None
+
+    def save_task_checkpoints(self, task, class_names, provenance: dict[str, Any]) -> list[Path]:
+        """The task's own checkpoints (`Task.checkpoints`: DINO's teacher), beside last.safetensors; `provenance`
+        is the run's (last.safetensors'), which the task adapts."""
+        paths = []
+        for name, (model, prov) in task.checkpoints(dict(provenance)).items():
+            self.save_checkpoint(model, name, class_names, prov)
+            paths.append(self.path / name)
+        return paths
 
     def save_state(self, *, model_sd, optimizer, ema_sd, task_sd, info: dict[str, Any]) -> None:
         path = self.path / "state.safetensors"

@@ -413,6 +413,7 @@ class Trainer:
         if self.d.main:
             prov = provenance(self.recipe, self.data.name, rec["epoch"], self.eval_split, res, self.command)
             self.run_dir.save_checkpoint(self._eval_model(), "last.safetensors", self.data.class_names, prov)
+            self.run_dir.save_task_checkpoints(self.task, self.data.class_names, prov)  # e.g. DINO's teacher
             if "score" not in self.best or res["score"] > self.best["score"]:
                 self.best = {"score": res["score"]} | loggable(res) | {"epoch": rec["epoch"], "split": self.eval_split}
                 self.run_dir.save_checkpoint(self._eval_model(), "best.safetensors", self.data.class_names, prov)

@@ -39,7 +39,10 @@ class Task:
     - `state_dict()` / `load_state_dict()`: tensors kept in state.safetensors for --resume (a DINO teacher,
       its centre); a frozen teacher loaded from a file needs none;
     - `describe(metrics)`: the metrics as the per-epoch console line shows them;
-    - `figures(model, dataset, folder)`: PNG files for the run report (MAE's reconstructions), by title.
+    - `figures(model, dataset, folder)`: PNG files for the run report (MAE's reconstructions), by title;
+    - `checkpoints(provenance)`: models besides the trained one that the run folder keeps as vitkit
+      checkpoints, by file name, each with its provenance (the run's, as last.safetensors has it, adapted);
+      DINO's EMA teacher: teacher.safetensors. Written by `RunDir.save_task_checkpoints`.
     """
 
     def __init__(self, recipe, *, net: nn.Module, model: nn.Module, num_classes: int, device: torch.device):
@@ -84,6 +87,9 @@ class Task:
             raise ConfigError(f"task {type(self).__name__} keeps no state, but the saved state has {sorted(sd)[:3]}")
 
     def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
+        return {}
+
+    def checkpoints(self, provenance: dict[str, Any]) -> dict[str, tuple[nn.Module, dict[str, Any]]]:
         return {}
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:

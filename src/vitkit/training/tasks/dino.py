@@ -4,7 +4,8 @@ The student is the model being trained (what the run saves, ready for `--finetun
 knn|linear`) plus its DINO head (layers.dino_head; trained with it: `modules()`). The teacher is an EMA of
 both: a copy of the model and of the head, never trained by gradients, updated after every optimiser step
 θt <- m θt + (1 - m) θs over all parameters (buffers are not averaged), m following DINO's
-`cosine_scheduler(momentum_teacher -> 1)` over all the run's steps. It runs in eval mode (no drop-path).
+`cosine_scheduler(momentum_teacher -> 1)` over all the run's steps. Its encoder runs in eval mode (no
+drop-path), its head in train mode (see "Small data" below).
 
 Per batch (labels ignored): 2 global + N local crops of each image, made on the batch by data.multicrop
 (the DataLoader yields already-transformed tensors; see there); the ViT resamples its positions for the
@@ -25,9 +26,25 @@ image's neighbours are the other eval images). "score" is the student's k-NN top
 the student's), -loss without labels (a single class). `vitkit eval --protocol knn` gives the DINO
 protocol proper (the train split as the bank).
 
-Defaults are for small images: out_dim 1024, global crops of area (0.7, 1), local (0.2, 0.5) (Gani et al.
-2022, "How to train ViT on small-scale datasets", at 32 px); DINO's ImageNet values are out_dim 65536,
-(0.4, 1) and (0.05, 0.4) at 224 / 96 px with 8 local crops.
+Small data. The defaults are for small images and short runs, not DINO's ImageNet values (in brackets):
+global crops of area (0.7, 1), local (0.2, 0.5) (Gani et al. 2022, "How to train ViT on small-scale datasets",
+at 32 px) [(0.4, 1), (0.05, 0.4) at 224 / 96 px with 8 local crops]; a head with BatchNorm, 256 hidden units,
+a 64-d bottleneck and 256 prototypes [no BN, 2048, 256, 65536]; teacher momentum 0.99 [0.996]. Why, measured
+on digits (vit_pico_patch2_8, one thread, ~150 steps; docs/small-data.md; tests/test_dino.py checks it):
+- DINO's ViT head (no BN) collapsed at once: a freshly initialised encoder maps 8x8 digits to nearly parallel
+  features, so the teacher's outputs differed between images by ~1e-3 (std over the batch), the centre removed
+  the rest, and the targets softmax((t - c) / 0.04) were uniform from the first step: loss ln(K) for good,
+  frozen-feature k-NN at the random encoder's ~24%. A BatchNorm in the head normalises each hidden unit over
+  the batch, so the differences between images survive: teacher std ~0.09, targets far from uniform.
+- The teacher head runs in train mode, as DINO's teacher: its BatchNorm uses the batch's statistics (an
+  eval-mode teacher would use running statistics that no gradient or EMA ever sets: BN would be a no-op).
+- With 1024 prototypes for ~1,400 images the loss drifted back to 6.89 of ln(1024) = 6.93 within 4 epochs;
+  with 256 it stayed at 5.31 of 5.55.
+- m = 0.996 keeps the teacher ~55% at its random start after 150 steps (EMA time constant 250 steps, a
+  sliver of DINO's 125k-step runs but the whole of a short one); 0.99 (dino#246 found the same) lets it learn.
+- The head's 2048-wide hidden layers ran on every crop and cost more than the pico encoder itself.
+Under torchrun on CPU each process normalises with its own batch's statistics (SyncBatchNorm needs a GPU);
+on CUDA the heads are converted to SyncBatchNorm, as DINO does.
 """
 from __future__ import annotations
 
@@ -53,13 +70,13 @@ from .base import Task
 class DinoOptions(JsonConfig):
     _what = "DINO option"
 
-    out_dim: int = 1024  # K prototypes (DINO: 65536 on ImageNet)
-    hidden_dim: int = 2048
-    bottleneck_dim: int = 256
+    out_dim: int = 256  # K prototypes (DINO: 65536 on ImageNet; see "Small data" in the module docstring)
+    hidden_dim: int = 256  # DINO: 2048
+    bottleneck_dim: int = 64  # DINO: 256
     nlayers: int = 3
-    use_bn: bool = False
+    use_bn: bool = True  # DINO: False for a ViT, True for a ResNet
     norm_last_layer: bool = True
-    momentum_teacher: float = 0.996
+    momentum_teacher: float = 0.99  # DINO: 0.996 over ~100k steps
     teacher_temp: float = 0.04
     warmup_teacher_temp: float = 0.04
     warmup_teacher_temp_epochs: int = 0
@@ -157,11 +174,16 @@ class DinoTask(Task):
         self.opts = o = DinoOptions.from_dict(recipe.task_args)
         m = self.model
         dim = m.num_features
-        self.student_head = DinoHead(dim, o.out_dim, hidden_dim=o.hidden_dim, bottleneck_dim=o.bottleneck_dim,
-                                     nlayers=o.nlayers, use_bn=o.use_bn, norm_last_layer=o.norm_last_layer
-                                     ).to(self.device)
+        self._ddp = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        head = DinoHead(dim, o.out_dim, hidden_dim=o.hidden_dim, bottleneck_dim=o.bottleneck_dim, nlayers=o.nlayers,
+                        use_bn=o.use_bn, norm_last_layer=o.norm_last_layer).to(self.device)
+        if self._ddp and self.device.type == "cuda":  # batch statistics over all processes, as DINO
+            head = nn.SyncBatchNorm.convert_sync_batchnorm(head)
+        self.student_head = head
         self.teacher = copy.deepcopy(m).eval().requires_grad_(False)
-        self.teacher_head = copy.deepcopy(self.student_head).eval().requires_grad_(False)
+        # the teacher head stays in train mode, as DINO's teacher: a BatchNorm in it normalises with the batch's
+        # statistics (its running statistics are never trained: buffers are not averaged)
+        self.teacher_head = copy.deepcopy(self.student_head).requires_grad_(False)
         self.loss_fn = DinoLoss(o.out_dim, o.student_temp, o.center_momentum).to(self.device)
         gh, gw = (int(s) for s in m.preprocess.input_size[1:])
         ph, pw = m.patch_embed.patch_size
@@ -176,10 +198,10 @@ class DinoTask(Task):
                                tuple(pre.mean), tuple(pre.std), photometric=o.photometric)
         self.n_crops = 2 + o.n_local
         self.epoch, self.step, self._micro = 0, 0, 0
+        self._saved_at: int | None = None  # the step teacher.safetensors was last written at
         self.total_steps: int | None = None
         self.teacher_temp = teacher_temperature(0, o.teacher_temp, o.warmup_teacher_temp, o.warmup_teacher_temp_epochs)
         self.momentum = o.momentum_teacher
-        self._ddp = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self._freeze = False
         for p in self.student_head.last_layer.parameters():
             if p.requires_grad:
@@ -248,6 +270,7 @@ class DinoTask(Task):
         was = model.training, self.student_head.training
         model.eval()
         self.student_head.eval()
+        self.teacher_head.eval()  # running statistics: an evaluation leaves the teacher's buffers as they were
         gen = torch.Generator().manual_seed(0)  # the same crops every epoch
         total, n = 0.0, 0
         feats, tfeats, labels = [], [], []
@@ -265,6 +288,7 @@ class DinoTask(Task):
         finally:
             model.train(was[0])
             self.student_head.train(was[1])
+            self.teacher_head.train()
         loss = total / max(n, 1)
         out: dict[str, Any] = {"loss": loss, "score": -loss}
         if labels and len(torch.cat(labels)) > 1 and self.num_classes > 1:
@@ -278,6 +302,29 @@ class DinoTask(Task):
     # -- what the loop trains and keeps
     def modules(self) -> list[nn.Module]:
         return [self.student_head]
+
+    def checkpoints(self, provenance: dict[str, Any]) -> dict[str, tuple[nn.Module, dict[str, Any]]]:
+        """teacher.safetensors: the EMA teacher's encoder (DINO evaluates and releases the teacher), a normal
+        checkpoint for `--finetune` or `vitkit eval --protocol knn`; its `accuracy` is the teacher's k-NN."""
+        self._saved_at = self.step
+        acc = {k.replace("teacher_", ""): v for k, v in (provenance.get("accuracy") or {}).items() if "teacher_" in k}
+        return {"teacher.safetensors": (self.teacher, dict(provenance) | {
+            "accuracy": acc, "dino_role": "teacher", "step": self.step, "teacher_momentum": round(self.momentum, 6),
+            "dino_note": "the EMA teacher's encoder of a DINO run (the student is last.safetensors); no DINO head"})}
+
+    def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
+        """No figure; at the end of the run, teacher.safetensors is written (with last.safetensors'
+        provenance) unless the loop wrote it at this step (RunDir.save_task_checkpoints)."""
+        from pathlib import Path
+
+        from ...api import read_checkpoint
+        from ..rundir import RunDir
+
+        if self._saved_at != self.step:
+            last = Path(folder) / "last.safetensors"
+            prov = read_checkpoint(last).provenance if last.exists() else {}
+            RunDir(Path(folder)).save_task_checkpoints(self, getattr(model, "class_names", None), prov)
+        return {}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         sd = {f"student_head.{k}": v for k, v in self.student_head.state_dict().items()}

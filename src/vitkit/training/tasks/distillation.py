@@ -7,13 +7,30 @@ The loss is (1 - alpha) * CE(class head, labels) + alpha * KD(distillation head,
   logits B*K as in facebookresearch/deit's DistillationLoss (`kl="deit"`), or by the batch size B as in timm's
   TokenDistillationTask (`kl="timm"`, reduction "batchmean"); the two differ by a factor K.
 The teacher sees the same (mixed) batch, re-normalised to its own preprocessing when that differs.
+
+The teacher is any checkpoint vitkit loads, or `recipe:NAME`: a preset trained first, into its own run folder
+(`task.teacher_out`, default runs/NAME), then used from its best.safetensors. A finished run there is reused,
+an unfinished one resumed, so `vitkit train --recipe fashion-mnist-deit` trains the ResNet-18 once.
+
+Teacher logits cache (`task.cache_teacher`, on by default): when the recipe's augmentation gives each image a
+few fixed variants (no random crop, RandAugment, erasing or mixing; a flip at most), the teacher's logits of
+each variant are kept, keyed by a hash of the image's bytes, and reused in later epochs. A ResNet-18 teacher's
+forward at 28x28 costs ~4x the small ViT student's training step per image (measured), so from the second
+epoch on most of a distillation step's cost goes. The cache is kept in state.safetensors: --resume continues
+exactly. It stops growing at `task.cache_mb`. One process only: under torchrun each process would keep
+its own images' logits and only rank 0's would be saved.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -28,7 +45,12 @@ KINDS, KL_NORMS = ("hard", "soft"), ("deit", "timm")
 class DistillationOptions(JsonConfig):
     _what = "distillation option"
 
-    teacher: str = ""  # any checkpoint vitkit loads: a run's best.safetensors, a timm file, a pretrained name
+    teacher: str = ""  # any checkpoint vitkit loads (a run's best.safetensors, a timm file, a pretrained name),
+    # or recipe:NAME (a preset, trained first; see the module docstring)
+    teacher_out: str = ""  # recipe:NAME's run folder; default runs/NAME
+    teacher_set: tuple = ()  # recipe:NAME's overrides, as --set takes them: ["epochs=1", "train_subset=2000"]
+    cache_teacher: bool = True  # keep the teacher's logits per image variant (see the module docstring)
+    cache_mb: float = 512.0  # the cache's size limit (logits and keys)
     kind: str = "hard"  # hard | soft
     alpha: float = 0.5  # weight of the distillation term
     tau: float = 1.0  # soft: temperature
@@ -41,6 +63,47 @@ class DistillationOptions(JsonConfig):
             raise ConfigError(f"task.kl must be one of {KL_NORMS}, got {self.kl!r}")
         if not 0 <= self.alpha <= 1 or self.tau <= 0:
             raise ConfigError("task.alpha must be in [0, 1] and task.tau positive")
+        if not all(isinstance(a, str) for a in self.teacher_set):
+            raise ConfigError(f"task.teacher_set must be a list of key=value strings, got {list(self.teacher_set)!r}")
+
+
+TEACHER_RECIPE = "recipe:"
+
+
+def resolve_teacher(opts: DistillationOptions) -> str:
+    """The teacher's checkpoint path: `opts.teacher` itself, or for recipe:NAME the best.safetensors of that
+    preset's run in `opts.teacher_out` (default runs/NAME), trained (or resumed) there first unless finished."""
+    if not opts.teacher.startswith(TEACHER_RECIPE):
+        return opts.teacher
+    from ..recipes import get_recipe
+    from ..rundir import RunDir
+
+    name = opts.teacher[len(TEACHER_RECIPE):]
+    recipe = get_recipe(name).override(list(opts.teacher_set))
+    folder = Path(opts.teacher_out or f"runs/{name}")
+    best = folder / "best.safetensors"
+    if (folder / "config.json").exists():
+        made_by = json.loads((folder / "config.json").read_text()).get("recipe", {})
+        if (made_by.get("name"), made_by.get("model")) != (recipe.name, recipe.model):
+            raise ConfigError(f"{folder} holds a run of recipe {made_by.get('name')!r} ({made_by.get('model')}), "
+                              f"not the teacher recipe {name!r}; choose another --set task.teacher_out=FOLDER")
+    if RunDir(folder).finished() and best.exists():
+        return str(best)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ConfigError(f"the teacher {opts.teacher} is not trained yet: train it first (vitkit train --recipe "
+                          f"{name} --out {folder}), then distil under torchrun")
+    resume = (folder / "state.safetensors").exists()
+    command = " ".join(["vitkit train --recipe", name, "--out", str(folder), *(f"--set {a}" for a in opts.teacher_set)])
+    print(f"distillation: {'resuming' if resume else 'training'} the teacher first: {command}", file=sys.stderr,
+          flush=True)
+    from ..trainer import Trainer
+
+    rng = torch.get_rng_state()  # the student's run draws as it would with a ready teacher
+    try:
+        Trainer(recipe, folder, resume=resume, command=command, quiet=True).run()
+    finally:
+        torch.set_rng_state(rng)
+    return str(best)
 
 
 def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str = "hard", tau: float = 1.0,
@@ -52,6 +115,19 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str = 
     s, t = F.log_softmax(student / tau, dim=1), F.log_softmax(teacher / tau, dim=1)
     summed = F.kl_div(s, t, reduction="sum", log_target=True) * (tau * tau)
     return summed / (student.numel() if kl == "deit" else student.shape[0])
+
+
+def fixed_variants(recipe) -> bool:
+    """The train transform gives each image a few fixed variants: no random crop, RandAugment, erasing or
+    mixing (a flip at most), so the teacher's logits of an image can be reused."""
+    return (recipe.crop == "none" and not recipe.auto_augment and not recipe.reprob and not recipe.mixup
+            and not recipe.cutmix)
+
+
+def image_keys(x: torch.Tensor) -> list[int]:
+    """One 63-bit key per image of x [B, ...], from its bytes (blake2b: the same in every process)."""
+    rows = x.detach().float().cpu().contiguous().numpy()
+    return [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest(), "little") >> 1 for r in rows]
 
 
 class TeacherInput(nn.Module):
@@ -81,8 +157,8 @@ class TeacherInput(nn.Module):
 
 
 class DistillationTask(ClassificationTask):
-    """`--set task=distillation --set task.teacher=CKPT [--set task.kind=soft --set task.tau=3 ...]` on a
-    student with a distillation token (a deit_*_distilled_* model, or --set model.distilled=true)."""
+    """`--set task=distillation --set task.teacher=CKPT|recipe:NAME [--set task.kind=soft --set task.tau=3 ...]`
+    on a student with a distillation token (a deit_*_distilled_* model, or --set model.distilled=true)."""
 
     def __init__(self, recipe, **kw):
         super().__init__(recipe, **kw)
@@ -96,11 +172,51 @@ class DistillationTask(ClassificationTask):
             raise ConfigError("the student needs a distillation token: a deit_*_distilled_* model or "
                               "--set model.distilled=true")
         self.model.set_distilled_training(True)  # train mode returns (class logits, distillation logits)
-        self.teacher = load_model(self.opts.teacher).to(self.device).eval().requires_grad_(False)
+        self.teacher_path = resolve_teacher(self.opts)
+        self.teacher = load_model(self.teacher_path).to(self.device).eval().requires_grad_(False)
         if self.teacher.num_classes != self.num_classes:
-            raise ConfigError(f"the teacher {self.opts.teacher} has {self.teacher.num_classes} classes, the data "
+            raise ConfigError(f"the teacher {self.teacher_path} has {self.teacher.num_classes} classes, the data "
                               f"{self.num_classes}")
         self.teacher_input = TeacherInput(self.model.preprocess, self.teacher.preprocess).to(self.device)
+        one_process = not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+        use_cache = self.opts.cache_teacher and fixed_variants(recipe) and one_process
+        self.cache: dict[int, torch.Tensor] | None = {} if use_cache else None
+        self.cache_limit = int(self.opts.cache_mb * 2**20 / (4 * self.num_classes + 8))  # entries
+
+    @torch.no_grad()
+    def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The teacher's logits [B, K] (float32) of images x (normalised for the student), from the cache
+        where it has them; the others are computed as one sub-batch and added to it."""
+        if self.cache is None:
+            with self.autocast():
+                return self.teacher(self.teacher_input(x)).float()
+        keys = image_keys(x)
+        todo = [i for i, k in enumerate(keys) if k not in self.cache]
+        if todo:
+            with self.autocast():
+                fresh = self.teacher(self.teacher_input(x[todo])).float().cpu()
+            for i, row in zip(todo, fresh):
+                if len(self.cache) < self.cache_limit:
+                    self.cache[keys[i]] = row
+                else:
+                    break
+            new = dict(zip(todo, fresh))
+        else:
+            new = {}
+        return torch.stack([new[i] if i in new else self.cache[k] for i, k in enumerate(keys)]).to(self.device)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if not self.cache:
+            return {}
+        return {"teacher_cache.keys": torch.tensor(list(self.cache), dtype=torch.int64),
+                "teacher_cache.logits": torch.stack(list(self.cache.values()))}
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        unknown = set(sd) - {"teacher_cache.keys", "teacher_cache.logits"}
+        if unknown:
+            raise ConfigError(f"the saved state has {sorted(unknown)[:3]}: not a distillation run's")
+        if self.cache is not None and sd:
+            self.cache = dict(zip(sd["teacher_cache.keys"].tolist(), sd["teacher_cache.logits"].unbind(0)))
 
     def __call__(self, batch) -> dict[str, Any]:
         x, y = batch
@@ -108,8 +224,7 @@ class DistillationTask(ClassificationTask):
             x, y = self.mixer(x, y)  # the teacher sees the same mixed images
         with self.autocast():
             cls_logits, dist_logits = self.net(x)
-        with torch.no_grad(), self.autocast():
-            teacher_logits = self.teacher(self.teacher_input(x)).float()
+        teacher_logits = self.teacher_logits(x)
         base = self.loss(cls_logits, y)
         kd = distillation_loss(dist_logits, teacher_logits, self.opts.kind, self.opts.tau, self.opts.kl)
         a = self.opts.alpha
