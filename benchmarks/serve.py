@@ -34,7 +34,7 @@ from PIL import Image
 import vitkit
 from vitkit._files import atomic_write_text
 from vitkit.data.transforms import eval_transform
-from vitkit.serve.uploads import decode_image
+from vitkit.data.images import decode_image
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
