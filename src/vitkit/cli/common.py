@@ -55,6 +55,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return v
+
+
 def img_size(text: str) -> int | tuple[int, int]:
     """'224' or '224x320' (height x width)."""
     try:

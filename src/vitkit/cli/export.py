@@ -8,10 +8,9 @@ fast (`--int8-max-drop`, `--int8-min-speedup`).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-from .common import add_json, emit, positive_int, print_table
+from .common import add_json, emit, non_negative_float, positive_int, print_table
 
 
 def register(sub) -> None:
@@ -73,12 +72,3 @@ def run(args) -> int:
         print(out["int8"]["warning"], file=sys.stderr)
     return 0
 
-
-def non_negative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return v

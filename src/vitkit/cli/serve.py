@@ -3,21 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from .common import positive_int
-
-
-def _non_negative(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return v
+from .common import non_negative_float, positive_int
 
 
 def _positive(text: str) -> float:
-    v = _non_negative(text)
+    v = non_negative_float(text)
     if v == 0:
         raise argparse.ArgumentTypeError("must be more than 0")
     return v
@@ -33,7 +23,7 @@ def register(sub) -> None:
                    help="onnx: CHECKPOINT is an .onnx file from `vitkit export` (predict only)")
     p.add_argument("--max-batch", type=positive_int, default=16,
                    help="largest batch of concurrent requests run as one model call (1: no batching)")
-    p.add_argument("--batch-timeout-ms", type=_non_negative, default=5.0,
+    p.add_argument("--batch-timeout-ms", type=non_negative_float, default=5.0,
                    help="how long the first request of a batch waits for others (default 5)")
     p.add_argument("--max-upload-mb", type=_positive, default=10.0, help="largest upload accepted (413 above)")
     p.add_argument("--max-pixels", type=positive_int,

@@ -18,13 +18,13 @@ from torch import nn
 from torchvision.models.resnet import Bottleneck as TvBottleneck
 
 from ..errors import ConfigError
-from .patch_embed import adapt_in_chans, to_2tuple
+from .patch_embed import PatchGrid, adapt_in_chans, to_2tuple
 from .resnetv2 import ResNetV2, init_conv_norm, resnetv2_stem
 
 log = logging.getLogger("vitkit")
 
 
-class HybridEmbed(nn.Module):
+class HybridEmbed(PatchGrid, nn.Module):
     """[B, C, H, W] -> backbone [B, F, H/s, W/s] -> (p/s)x(p/s) patches projected to D: [B, H/p, W/p, D]."""
 
     reduction: int = 1  # the backbone's stride
@@ -50,18 +50,9 @@ class HybridEmbed(nn.Module):
         """-> (the CNN, its output channels)."""
         raise NotImplementedError
 
-    def set_img_size(self, img_size) -> None:
-        self.img_size = to_2tuple(img_size)
-        self.grid_size = self.grid_for(*self.img_size)
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
-
-    def grid_for(self, h: int, w: int) -> tuple[int, int]:
-        ph, pw = self.patch_size
-        if h % ph or w % pw:
-            raise ConfigError(
-                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw} (backbone stride {self.reduction} "
-                f"x patches on its map); resize or crop to a multiple of {ph} (e.g. {h // ph * ph}x{w // pw * pw})")
-        return h // ph, w // pw
+    @property
+    def patch_note(self) -> str:
+        return f" (backbone stride {self.reduction} x patches on its map)"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != self.in_chans:

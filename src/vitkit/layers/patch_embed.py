@@ -15,16 +15,11 @@ def to_2tuple(x) -> tuple[int, int]:
     return int(x), int(x)
 
 
-class PatchEmbed(nn.Module):
-    """[B, C, H, W] -> [B, H/P, W/P, D] (kept as a grid so the caller knows the shape; flattened later)."""
+class PatchGrid:
+    """The grid an embedding that cuts `patch_size`-pixel patches makes of an image (patch and hybrid embeds)."""
 
-    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, bias=True, norm=False, eps=1e-6):
-        super().__init__()
-        self.patch_size = to_2tuple(patch_size)
-        self.in_chans = in_chans
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
-        self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
-        self.set_img_size(img_size)
+    patch_size: tuple[int, int]
+    patch_note = ""  # what a patch is made of, for the error (a hybrid: the backbone stride x patches on its map)
 
     def set_img_size(self, img_size) -> None:
         self.img_size = to_2tuple(img_size)
@@ -35,10 +30,22 @@ class PatchEmbed(nn.Module):
         ph, pw = self.patch_size
         if h % ph or w % pw:
             raise ConfigError(
-                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}; "
+                f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}{self.patch_note}; "
                 f"resize or crop to a multiple of {ph} (e.g. {h // ph * ph}x{w // pw * pw})"
             )
         return h // ph, w // pw
+
+
+class PatchEmbed(PatchGrid, nn.Module):
+    """[B, C, H, W] -> [B, H/P, W/P, D] (kept as a grid so the caller knows the shape; flattened later)."""
+
+    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, bias=True, norm=False, eps=1e-6):
+        super().__init__()
+        self.patch_size = to_2tuple(patch_size)
+        self.in_chans = in_chans
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
+        self.set_img_size(img_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != self.in_chans:

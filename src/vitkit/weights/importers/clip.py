@@ -12,6 +12,16 @@ from ...errors import CheckpointError
 from ...models.config import CLIP_MEAN, CLIP_STD, Preprocess
 from ..convert import Imported, StateDict, layout
 
+
+def block_key(key: str) -> str:
+    """'transformer.resblocks.{i}.<OpenAI name>' -> '{i}.<timm name>' (both towers use the same block)."""
+    i, rest = key[len("transformer.resblocks."):].split(".", 1)
+    for old, new in _BLOCK_RENAME:
+        if rest.startswith(old):
+            return f"{i}.{new}{rest[len(old):]}"
+    return f"{i}.{rest}"
+
+
 _BLOCK_RENAME = (("ln_1", "norm1"), ("ln_2", "norm2"), ("attn.in_proj_weight", "attn.qkv.weight"),
                  ("attn.in_proj_bias", "attn.qkv.bias"), ("attn.out_proj", "attn.proj"), ("mlp.c_fc", "mlp.fc1"),
                  ("mlp.c_proj", "mlp.fc2"), ("ls_1", "ls1"), ("ls_2", "ls2"))
@@ -56,12 +66,7 @@ def convert_clip(sd: StateDict, hf_config=None) -> Imported:
             out["head.weight"] = v.t().contiguous()  # x @ proj == Linear with weight proj.T
             out["head.bias"] = torch.zeros(v.shape[1], dtype=v.dtype)
         elif k.startswith("transformer.resblocks."):
-            i, rest = k[len("transformer.resblocks."):].split(".", 1)
-            for old, new in _BLOCK_RENAME:
-                if rest.startswith(old):
-                    rest = new + rest[len(old):]
-                    break
-            out[f"blocks.{i}.{rest}"] = v
+            out["blocks." + block_key(k)] = v
         else:
             out[k] = v  # left for the loader to report
     D = out["patch_embed.proj.weight"].shape[0]

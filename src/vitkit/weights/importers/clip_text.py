@@ -20,7 +20,7 @@ from ...models.registry import get_entry, list_models
 from ..convert import StateDict, unwrap
 from ..infer import infer_config
 from ..load import load_into
-from .clip import _BLOCK_RENAME, convert_clip
+from .clip import block_key, convert_clip
 
 # registered name -> pretrained tag -> Hugging Face repo holding open_clip's file of that pair
 HUB = {
@@ -68,12 +68,7 @@ def convert_clip_pair(sd: StateDict, act: str = "quick_gelu", text_heads: int | 
         elif k == "logit_scale":
             out["logit_scale"] = v.reshape(())  # open_clip may store [1]
         elif k.startswith("transformer.resblocks."):
-            i, rest = k[len("transformer.resblocks."):].split(".", 1)
-            for old, new in _BLOCK_RENAME:
-                if rest.startswith(old):
-                    rest = new + rest[len(old):]
-                    break
-            out[f"text.blocks.{i}.{rest}"] = v
+            out["text.blocks." + block_key(k)] = v
         else:
             unknown.append(k)
     if unknown:  # e.g. a text projection with a bias or an attention-pooled text tower
