@@ -11,7 +11,7 @@ and PQ/IVF recall on such structureless data says nothing about real features (f
 
 ANN recall@10 = |ANN top-10 ∩ exact top-10| / 10, averaged over the queries (vitkit.retrieval.metrics.ann_recall);
 exact = the flat index. Each kind runs with the parameters vitkit stores (nprobe = max(8, nlist/16),
-efSearch 64) and, with --sweep, also FAISS's defaults (nprobe 1, efSearch 16) and 4x vitkit's.
+efSearch 256) and, with --sweep, also FAISS's defaults (nprobe 1, efSearch 16) and 4x vitkit's.
 
 Usage: python benchmarks/ann.py [--n 1000000] [--dims 384,768] [--queries 1000] [--threads T] [--sweep]
 Writes benchmarks/results/ann-N.{md,json}.

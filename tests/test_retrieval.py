@@ -23,7 +23,7 @@ from vitkit.data.images import load_image
 from vitkit.data.transforms import eval_transform
 from vitkit.errors import ConfigError, DataError
 from vitkit.retrieval import Embeddings, SearchIndex, build_index, embed, evaluate, merge, model_identity
-from vitkit.retrieval.index import choose_kind, hnsw_bytes
+from vitkit.retrieval.index import DEFAULT_EF_SEARCH, choose_kind, hnsw_bytes
 from vitkit.retrieval.metrics import ann_recall, mean_average_precision, recall_at_k
 
 BUNDLED = "bundled:fashion-mnist"
@@ -231,7 +231,7 @@ def test_ann_indexes_recall_stored_params_and_training_size(tmp_path, digits_emb
     assert 0.8 < hnsw_bytes(len(vecs), vecs.shape[1]) / real < 1.25  # the size `auto` budgets with
     assert choose_kind(len(vecs), vecs.shape[1]) == "flat" and choose_kind(10**6, 768) == "hnsw"
     assert choose_kind(10**6, 768, memory_gb=1) == choose_kind(10**7, 768) == "ivfpq"
-    assert hnsw.index.hnsw.efSearch == 64
+    assert hnsw.index.hnsw.efSearch == DEFAULT_EF_SEARCH == 256  # the stored value, not FAISS's 16
     assert ann_recall(hnsw.raw_search(q, 10)[1], exact) >= 0.9
 
 
