@@ -33,8 +33,8 @@ from PIL import Image
 
 import vitkit
 from vitkit._files import atomic_write_text
-from vitkit.data.transforms import eval_transform
 from vitkit.data.images import decode_image
+from vitkit.data.transforms import eval_transform
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -240,8 +240,10 @@ NOT_MEASURED = "not yet measured end to end"
 _preset(Recipe(
     name="fashion-mnist-deit",
     command="vitkit train --recipe fashion-mnist-deit --out runs/fashion-mnist-deit",
-    expected=f"trains runs/fashion-mnist-resnet18 first (or reuses it; a ready teacher: --set task.teacher=CKPT); goal: "
-             f"at or above the ResNet-18 teacher (91.95%); {NOT_MEASURED}. Cost: the ResNet-18's forward at 28x28 "
+    expected="trains runs/fashion-mnist-resnet18 first (or reuses it; a ready teacher: --set task.teacher=CKPT); goal: "
+             "at or above the ResNet-18 teacher (91.95%); measured (seed 0, idle 2-core Zen 4): 89.30% test top-1, "
+             "530 s for the student + 692 s for the teacher: below the teacher and the scratch ViT recipe at this "
+             "budget. Cost: the ResNet-18's forward at 28x28 "
              "runs at ~285 img/s (bf16, 2 threads, measured) against ~1,400 img/s for the student's training, so "
              "the teacher's logits are cached per image variant (task.cache_teacher): ~96k teacher forwards in "
              "all (~6 min), ~45 s per student epoch; 10 epochs, an estimated ~13 minutes with a ready teacher, "
@@ -257,7 +259,8 @@ _preset(Recipe(
 _preset(PRESETS["fashion-mnist-deit"].replace(
     name="fashion-mnist-deit-soft",
     command="vitkit train --recipe fashion-mnist-deit-soft --out runs/fashion-mnist-deit-soft",
-    expected=f"the soft-distillation row of the table (DeiT paper: tau 3, alpha 0.1 for soft); {NOT_MEASURED}; "
+    expected="the soft-distillation row of the table (DeiT paper: tau 3, alpha 0.1 for soft); measured (seed 0, idle "
+             "2-core Zen 4, ready teacher): 88.46% test top-1 in 539 s, below hard distillation (89.30%); "
              "the same cost as fashion-mnist-deit",
     task_args={"teacher": "recipe:fashion-mnist-resnet18", "teacher_out": "runs/fashion-mnist-resnet18",
                "kind": "soft", "tau": 3.0, "alpha": 0.1, "kl": "deit"},
