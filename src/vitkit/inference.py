@@ -36,12 +36,21 @@ def predict_files(model, paths, top_k: int = 3) -> tuple[list[dict[str, Any]], l
             continue
         with torch.no_grad():
             probs = model(x).float().softmax(-1)[0]  # [K]
-        p, idx = probs.topk(k)
-        src = image_source(image)
-        preds.append({"image": str(path), "top": [
-            {"label": names[i] if names else str(i), "index": int(i), "prob": float(q)} for q, i in zip(p, idx.tolist())],
-            "source": None if src is None else dict(zip(("width", "height", "channels", "mode"), src))})
+        preds.append({"image": str(path), "top": top_entries(probs, names, k), "source": source_of(image)})
     return preds, errors
+
+
+def top_entries(probs: torch.Tensor, class_names, k: int) -> list[dict[str, Any]]:
+    """Class probabilities [K] -> the k most likely as [{label, index, prob}] (label: the index without names)."""
+    p, idx = probs.topk(min(k, int(probs.numel())))
+    return [{"label": class_names[i] if class_names else str(i), "index": int(i), "prob": float(q)}
+            for q, i in zip(p, idx.tolist())]
+
+
+def source_of(image) -> dict[str, Any] | None:
+    """What a `load_image` / `decode_image` result was before conversion: {width, height, channels, mode}."""
+    src = image_source(image)
+    return None if src is None else dict(zip(("width", "height", "channels", "mode"), src))
 
 
 def input_note(model, items) -> str | None:

@@ -61,8 +61,26 @@ _VARIANT = re.compile(r"\w+/\d+(?:@\d+)?")
 _CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".ckpt")
 
 
+class _PerImage:
+    """What both cost reports derive from their totals: GMACs per image and a JSON-ready dict."""
+
+    macs_total: int
+    batch: int
+    img_size: tuple[int, int]
+
+    @property
+    def gmacs_per_image(self) -> float:
+        return self.macs_total / self.batch / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        d["gmacs_per_image"] = self.gmacs_per_image
+        return d
+
+
 @dataclass
-class CostReport:
+class CostReport(_PerImage):
     name: str
     img_size: tuple[int, int]
     patch_size: int
@@ -88,19 +106,12 @@ class CostReport:
     train_state_bytes: int  # fp32 weights + grads + AdamW moments: 16 bytes per parameter
     config: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @property
-    def gmacs_per_image(self) -> float:
-        return self.macs_total / self.batch / 1e9
-
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["img_size"], d["grid"] = list(self.img_size), list(self.grid)
-        d["gmacs_per_image"] = self.gmacs_per_image
-        return d
+        return super().to_dict() | {"grid": list(self.grid)}
 
 
 @dataclass
-class FamilyCostReport:
+class FamilyCostReport(_PerImage):
     """The closed-form cost of a model of another family (its `Family.cost`): parameters and MACs by part,
     and the family's own per-stage figures (Swin: tokens, windows, window vs global attention scores)."""
 
@@ -117,16 +128,6 @@ class FamilyCostReport:
     train_state_bytes: int
     stages: dict[str, dict[str, int]] = field(default_factory=dict)  # figure -> stage -> value, per image
     config: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def gmacs_per_image(self) -> float:
-        return self.macs_total / self.batch / 1e9
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["img_size"] = list(self.img_size)
-        d["gmacs_per_image"] = self.gmacs_per_image
-        return d
 
 
 def family_cost(cfg: Any, name: str, batch: int, dtype: str) -> FamilyCostReport:

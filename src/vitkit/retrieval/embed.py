@@ -86,11 +86,8 @@ def check_feature(model: nn.Module, feature: str) -> None:
 @torch.no_grad()
 def features_of(model: nn.Module, x: torch.Tensor, feature: str = "pooled", normalize: bool = True) -> torch.Tensor:
     """Images [B, C, H, W] -> pooled / class-token features [B, D] or patch tokens [B, N, D] (L2-normalised over D)."""
-    if feature == "pooled":
-        if hasattr(model, "encode_image"):  # CLIP: the projected image embedding
-            f = model.encode_image(x)
-        else:
-            f = model.forward_head(model.forward_features(x), pre_logits=True)  # [B, D]
+    if feature == "pooled":  # before the classifier; a CLIP model's is its projected image embedding (encode_image)
+        f = model.forward_head(model.forward_features(x), pre_logits=True)  # [B, D]
     else:
         tower = getattr(model, "visual", model)  # CLIP keeps its ViT as .visual
         tokens = tower.forward_features(x)

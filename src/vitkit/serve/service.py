@@ -12,10 +12,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..data.images import image_source
 from ..data.transforms import eval_transform
 from ..errors import ConfigError
-from ..inference import input_note
+from ..inference import input_note, source_of, top_entries
 from ..models import require
 from ..training.models import in_chans
 
@@ -62,8 +61,7 @@ class ModelService:
 
     def describe_input(self, image: Image.Image, name: str) -> dict[str, Any]:
         """What the upload was ({width, height, channels, mode}) and predict's one-line input note, if any."""
-        src = image_source(image)
-        source = None if src is None else dict(zip(("width", "height", "channels", "mode"), src))
+        source = source_of(image)
         return {"image": name, "source": source, "note": input_note(self.model, [{"image": name, "source": source}])}
 
     # ----------------------------------------------------------------------------------- batched work
@@ -75,20 +73,15 @@ class ModelService:
 
     def top(self, probs: torch.Tensor, k: int) -> list[dict[str, Any]]:
         """predict_files' top-k entries [{label, index, prob}] from probabilities [K]."""
-        names = self.model.class_names
-        p, idx = probs.topk(min(k, int(probs.numel())))
-        return [{"label": names[i] if names else str(i), "index": int(i), "prob": float(q)}
-                for q, i in zip(p, idx.tolist())]
+        return top_entries(probs, self.model.class_names, k)
 
     def embed_batch(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Inputs [C, H, W] each -> features [D] each: `encode_image` for a CLIP model, else the pooled
-        features before the classifier (`forward_head(pre_logits=True)`)."""
+        """Inputs [C, H, W] each -> the pooled features before the classifier [D] each (`forward_head(pre_logits=True)`;
+        a CLIP model's is its projected image embedding, `encode_image`)."""
         self.require("embed")
         x = torch.stack(xs)  # [B, C, H, W]
         with torch.no_grad():
-            encode = getattr(self.model, "encode_image", None)
-            feats = encode(x) if callable(encode) else self.model.forward_head(self.model.forward_features(x),
-                                                                                 pre_logits=True)
+            feats = self.model.forward_head(self.model.forward_features(x), pre_logits=True)
         return list(feats.float())  # [B, D] -> B x [D]
 
     # ----------------------------------------------------------------------------------- one image
