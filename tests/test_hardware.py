@@ -17,6 +17,7 @@ from vitkit.errors import ConfigError
 from vitkit.hardware import (
     Capabilities,
     apply_fast_paths,
+    apply_isa_caps,
     choose_precision,
     decide,
     detect,
@@ -109,11 +110,53 @@ def test_detect_reads_this_machine():
         pytest.skip("no /proc/cpuinfo")
     model, vendor, flags = parse_cpuinfo(text)
     assert flags and caps.vendor == vendor and caps.cpu == model
+    if caps.capped_by:
+        pytest.skip(f"this process runs with ISA caps ({caps.capped_by}); test_isa_caps_* cover them")
     for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni"):
         assert getattr(caps, flag) == (flag in flags), flag
     assert caps.amx == ("amx_bf16" in flags)
     assert caps.torch_isa == torch.backends.cpu.get_cpu_capability()
     assert caps.cuda == torch.cuda.is_available()
+
+
+ZEN4_FLAGS = dict(avx2=True, avx512f=True, avx512_bf16=True, avx512_vnni=True, amx=False)
+
+
+@pytest.mark.parametrize("torch_isa, onednn_max, kind, native_bf16, capped_by", [
+    ("AVX512", None, "x86-64, AVX-512 with native bf16", True, ""),
+    ("AVX512", "ALL", "x86-64, AVX-512 with native bf16", True, ""),
+    ("AVX512", "not-an-isa", "x86-64, AVX-512 with native bf16", True, ""),  # oneDNN ignores it too
+    ("AVX2", None, "x86-64, AVX2 (no AVX-512)", False, "ATEN_CPU_CAPABILITY=avx2"),
+    ("AVX512", "avx2", "x86-64, AVX2 (no AVX-512)", False, "ONEDNN_MAX_CPU_ISA=AVX2"),
+    ("AVX512", "AVX512_CORE", "x86-64, AVX-512 without native bf16", False, "ONEDNN_MAX_CPU_ISA=AVX512_CORE"),
+    ("AVX512", "AVX512_CORE_BF16", "x86-64, AVX-512 with native bf16", True, ""),
+    ("DEFAULT", None, "x86_64, no AVX2", False, "ATEN_CPU_CAPABILITY=default"),
+])
+def test_isa_caps_lower_what_the_rules_see(torch_isa, onednn_max, kind, native_bf16, capped_by):
+    flags, why = apply_isa_caps(ZEN4_FLAGS, torch_isa, onednn_max)
+    caps = Capabilities(vendor="AuthenticAMD", **flags)
+    assert (caps.kind, caps.native_bf16, why) == (kind, native_bf16, capped_by)
+    if kind.startswith("x86-64, AVX2"):  # a capped Zen 4 decides as a Zen 3
+        assert _on(decide(caps)) == _on(decide(ZEN3))
+
+
+@pytest.mark.skipif(not detect().avx512f, reason="needs a CPU with AVX-512 to cap")
+def test_isa_caps_in_a_real_process(tmp_path):
+    """A Zen 4 told to use AVX2 kernels (torch's and oneDNN's) reports itself as an AVX2 machine and trains in
+    fp32: the way to reproduce the slower kind's decisions on the faster one."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "VITKIT_CACHE": str(tmp_path)}
+    env.pop("VITKIT_FAST_PATHS", None)
+    out = subprocess.run([sys.executable, "-m", "vitkit", "doctor", "--json"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    r = json.loads(out)
+    assert r["capabilities"]["kind"] == "x86-64, AVX2 (no AVX-512)"
+    assert r["capabilities"]["capped_by"] == "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2"
+    paths = r["decisions"]["cpu"]["paths"]
+    assert r["decisions"]["cpu"]["precision"] == "fp32" and not paths["onednn_linear"]["on"]
 
 
 def _ops(model, x) -> set[str]:

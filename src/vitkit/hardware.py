@@ -38,6 +38,10 @@ $VITKIT_CACHE/fast-paths.json (default ~/.cache/vitkit); a path is then on where
 MEASURED_WIN times faster. Measurements fill in unmeasured kinds only: a rule backed by numbers from an idle
 machine is not overturned by a few seconds on a possibly busy one.
 
+The flags are what this process's kernels may use, not only what the CPU has: ATEN_CPU_CAPABILITY and
+ONEDNN_MAX_CPU_ISA lower them (`apply_isa_caps`), so a Zen 4 run with both at AVX2 decides as an AVX2 machine
+(docs/speed.md measures that stand-in against timm).
+
 `VITKIT_FAST_PATHS="onednn_linear=off,bf16=on"` overrides decisions for a process (to measure one against
 another, or to work around a rule that is wrong for a machine).
 """
@@ -85,6 +89,7 @@ class Capabilities:
     gpu: str | None = None
     cuda_capability: tuple[int, int] | None = None  # (major, minor) of device 0
     torch: str = ""
+    capped_by: str = ""  # the environment caps that lowered the flags above (`apply_isa_caps`), "" when none
 
     @property
     def native_bf16(self) -> bool:
@@ -136,6 +141,39 @@ def _torch_cpu(name: str) -> bool:
         return False
 
 
+# oneDNN's ISA names in ascending order (ONEDNN_MAX_CPU_ISA; the x86 ones that matter here)
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "ALL")
+
+
+def apply_isa_caps(flags: dict[str, bool], torch_isa: str, onednn_max: str | None) -> tuple[dict[str, bool], str]:
+    """The instruction sets this process's kernels use, not just what the CPU has: ATEN_CPU_CAPABILITY (which
+    torch reports back as `torch_isa`) caps torch's own kernels, ONEDNN_MAX_CPU_ISA caps oneDNN's (its matmuls,
+    bf16 ones included). A Zen 4 run with both set to AVX2 gets AVX2 kernels and emulated bf16, so the rules
+    must treat it as an AVX2 machine. Returns (lowered flags, the caps that lowered them, "" when none)."""
+    out, why = dict(flags), []
+    isa = torch_isa.upper()
+    avx512 = dict(avx512f=False, avx512_bf16=False, avx512_vnni=False, amx=False)
+    # an x86 CPU with these flags reports less only when ATEN_CPU_CAPABILITY told torch's kernels to stop there
+    if isa == "DEFAULT" and flags.get("avx2"):
+        out |= avx512 | dict(avx2=False)
+        why.append("ATEN_CPU_CAPABILITY=default")
+    elif isa == "AVX2" and flags.get("avx512f"):
+        out |= avx512
+        why.append("ATEN_CPU_CAPABILITY=avx2")
+    cap = (onednn_max or "").strip().upper()
+    if cap in ONEDNN_ISAS and cap != "ALL":
+        rank = ONEDNN_ISAS.index
+        lowered = {k: False for k, need in (("avx512f", "AVX512_CORE"), ("avx512_vnni", "AVX512_CORE_VNNI"),
+                                            ("avx512_bf16", "AVX512_CORE_BF16"), ("amx", "AVX512_CORE_AMX"),
+                                            ("avx2", "AVX2"))
+                   if flags.get(k) and rank(cap) < rank(need)}  # named whenever it caps the CPU's own flags
+        if lowered:
+            out |= lowered
+            why.append(f"ONEDNN_MAX_CPU_ISA={cap}")
+    return out, ", ".join(why)
+
+
 @functools.cache
 def detect() -> Capabilities:
     """This machine's capabilities (read once per process)."""
@@ -145,16 +183,18 @@ def detect() -> Capabilities:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    caps = dict(
-        cpu=model or platform.processor() or platform.machine(), vendor=vendor, arch=platform.machine(),
-        cores=cores,
-        # the flags the kernel reports, or torch's own view (it reads CPUID through cpuinfo) where there are none
+    torch_isa = torch.backends.cpu.get_cpu_capability()
+    # the flags the kernel reports, or torch's own view (it reads CPUID through cpuinfo) where there are none
+    isa, capped_by = apply_isa_caps(dict(
         avx2="avx2" in flags or _torch_cpu("_is_avx2_supported"),
         avx512f="avx512f" in flags or _torch_cpu("_is_avx512_supported"),
         avx512_bf16="avx512_bf16" in flags or _torch_cpu("_is_avx512_bf16_supported"),
         avx512_vnni="avx512_vnni" in flags or _torch_cpu("_is_vnni_supported"),
         amx="amx_bf16" in flags or _torch_cpu("_is_amx_tile_supported"),
-        torch_isa=torch.backends.cpu.get_cpu_capability(),
+    ), torch_isa, os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"))
+    caps = dict(
+        cpu=model or platform.processor() or platform.machine(), vendor=vendor, arch=platform.machine(),
+        cores=cores, **isa, capped_by=capped_by, torch_isa=torch_isa,
         onednn=torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"),
         torch=torch.__version__,
     )

@@ -36,6 +36,8 @@ def render(r: dict[str, Any]) -> None:
         ("CPU", f"{c['cpu']} ({c['vendor'] or 'vendor unknown'})"),
         ("kind", c["kind"]),
         ("instruction sets", ", ".join(flags) or "none of avx2, avx512f, avx512_bf16, avx512_vnni, amx"),
+        *([("capped by", c["capped_by"] + ": the flags above are what the kernels may use")] if c.get("capped_by")
+          else []),
         ("native bf16", "yes" if c["native_bf16"] else "no (emulated: slow)"),
         ("torch kernels", f"{c['torch_isa']}, oneDNN {'yes' if c['onednn'] else 'no'}"),
         ("cores / torch threads", f"{c['cores']} / {r['threads']}"),

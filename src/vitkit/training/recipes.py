@@ -198,7 +198,8 @@ _preset(Recipe(
 _preset(Recipe(
     name="fashion-mnist",
     command="vitkit train --recipe fashion-mnist --out runs/fashion-mnist",
-    expected=("target >= 91% test top-1 from scratch within 15 minutes on 2 CPU cores; NOT met reliably: measured "
+    expected=("target >= 91% test top-1 from scratch within 15 minutes on 2 CPU cores; NOT met reliably (the "
+              "fashion-mnist-conv recipe is the one that meets it: 91.60% in 862 s); measured "
               "on an idle 2-core Zen 4 (avx512_bf16) with MAE's sin-cos table 90.46% (seed 0) and 90.58% (seed 1, "
               "909 s); the earlier 91.16% in 915 s was seed 0 with the old row-first table"),
     # the two tables differ by a permutation of fixed channels, and every other weight is initialised i.i.d.
@@ -237,6 +238,20 @@ FMNIST_VIT = dict(SMALL_VIT, embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0)
 FMNIST_DEIT = dict(FMNIST_VIT, class_token=True, distilled=True)
 NOT_MEASURED = "not yet measured end to end"
 
+_preset(Recipe(
+    name="fashion-mnist-conv",
+    command="vitkit train --recipe fashion-mnist-conv --out runs/fashion-mnist-conv",
+    expected="the fashion-mnist ViT (128 wide, 4 deep, 49 tokens) with a two-layer conv stem instead of its "
+             "patch embedding (vit_tiny_conv_28: 'early convolutions'): >= 91% test top-1 within 15 minutes; "
+             "measured (seed 0, 2-core Zen 4, bf16): 91.60% in 862 s (validation 91.08%), against 90.46-90.58% "
+             "for the patch-embedding recipe in 909 s and 91.95% for the ResNet-18 in 692 s",
+    # selected on validation images, 15k-image subset x 4 epochs, idle 2-core Zen 4, bf16: conv stem 84.6% at
+    # ~1,300 img/s vs patch embedding 82.0% at ~1,550; conv stem + pad-crop 81.0%; 192 wide 84.0% at 790 img/s
+    data="fashion-mnist", model="vit_tiny_conv_28", model_args=dict(FMNIST_VIT),
+    epochs=16, batch_size=128, lr=2e-3, min_lr=2e-5, warmup_epochs=1, weight_decay=0.05, label_smoothing=0.1,
+    crop="none", hflip=0.5, drop_path_rate=0.0, ema=True, ema_decay=0.998, eval_raw=False, bf16=True,
+    eval_batch_size=1000, val_fraction=0.1, threads=None, workers=0,
+))
 _preset(Recipe(
     name="fashion-mnist-deit",
     command="vitkit train --recipe fashion-mnist-deit --out runs/fashion-mnist-deit",
@@ -278,6 +293,15 @@ _preset(Recipe(
     label_smoothing=0.0, crop="none", hflip=0.5, drop_path_rate=0.0, ema=False, bf16=True, eval_batch_size=1000,
     val_fraction=0.1, task="mae",
     task_args={"mask_ratio": 0.75, "norm_pix_loss": True, "decoder_dim": 128, "decoder_depth": 2, "decoder_heads": 4},
+))
+_preset(PRESETS["fashion-mnist-mae"].replace(
+    name="fashion-mnist-conv-mae",
+    command="vitkit train --recipe fashion-mnist-conv-mae --out runs/fashion-mnist-conv-mae",
+    expected=f"MAE pretraining of the fashion-mnist-conv model (conv stem); then fashion-mnist-finetune with "
+             f"--finetune runs/fashion-mnist-conv-mae/last.safetensors; {NOT_MEASURED}",
+    # the stem runs on the whole image before masking, so a visible token's 9x9-pixel receptive field reaches
+    # into its masked neighbours (ConvMAE masks the convolutions to stop that): an easier pretext task
+    model="vit_tiny_conv_28",
 ))
 _preset(Recipe(
     name="fashion-mnist-dino",
