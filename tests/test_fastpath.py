@@ -158,6 +158,19 @@ def test_bench_without_timm_names_the_extra_to_install(capsys, monkeypatch):
     assert len(err.splitlines()) == 1 and "pip install 'vitkit[bench]'" in err
 
 
+def test_bench_refuses_a_model_without_a_timm_twin_before_timing(capsys, monkeypatch):
+    """A conv-stem hybrid has no twin in timm's plain VisionTransformer: the run stops at once with one line,
+    not after the inference rows have been timed (a measured row is never thrown away for a later model)."""
+    import vitkit.bench as bench
+
+    timed = []
+    monkeypatch.setattr(bench, "matmul_rates", lambda *a, **k: timed.append(1) or {})
+    assert main(["bench", "--models", "vit_tiny_patch16_224", "--train-models", "recipe:fashion-mnist-conv"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'conv_small' embedding" in err and "no twin" in err
+    assert not timed
+
+
 def test_onednn_linear_equals_f_linear_with_gradients():
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -192,6 +192,9 @@ def timm_twin(model):
     if getattr(model, "family", None) != "vit":
         raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares ViTs with timm's "
                           f"VisionTransformer; a {getattr(model, 'family', type(model).__name__)} model has no twin")
+    if c.embed_layer != "patch":
+        raise ConfigError(f"{model.provenance.get('arch', 'model')}: its {c.embed_layer!r} embedding (a CNN stem) "
+                          "has no twin in timm's plain VisionTransformer; bench compares plain ViTs with timm only")
     if c.mlp_layer != "mlp" or c.global_pool == "map" or c.qk_norm or c.act != "gelu" or c.pos_embed == "none" or c.representation_size or c.distilled:
         raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares plain ViTs with timm only")
     twin = timm_vit(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
@@ -349,7 +352,8 @@ def run_benchmarks(opts: BenchOptions, command: str | None = None) -> dict[str, 
     from .runtime import torch_threads
 
     if opts.models or opts.train_models:
-        _timm_vit_class()  # fail before any timing
+        for name in dict.fromkeys((*opts.models, *opts.train_models)):
+            timm_twin(build_vitkit(name))  # a model without a timm twin fails now, before minutes of timing
     device = torch.device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("bench device cuda: no CUDA device is visible")
