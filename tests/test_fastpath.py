@@ -171,6 +171,14 @@ def test_bench_refuses_a_model_without_a_timm_twin_before_timing(capsys, monkeyp
     assert not timed
 
 
+def test_peak_fraction_is_left_out_where_the_reference_is_no_peak():
+    from vitkit.bench import _peak_frac
+
+    assert _peak_frac(50.0, 200.0, "eager") == 0.25
+    assert _peak_frac(31.0, 0.29, "eager") is None  # emulated bf16: torch.mm ran slower than the model
+    assert _peak_frac(50.0, 200.0, "onnx-int8") is None
+
+
 def test_onednn_linear_equals_f_linear_with_gradients():
     from torch.utils.flop_counter import FlopCounterMode
 

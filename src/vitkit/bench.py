@@ -440,10 +440,19 @@ def _rows(model, task, batch, precision, fns, refs, flops, peaks, opts: BenchOpt
         out.append({
             "model": model, "task": task, "batch": batch, "precision": "int8" if backend == "onnx-int8" else precision,
             "backend": backend, "library": lib, "img_per_s": batch / sec, "ms": 1e3 * sec,
-            "gflops": flops / sec, "peak_frac": None if backend == "onnx-int8" else flops / sec / dtype_peak,
+            "gflops": flops / sec, "peak_frac": _peak_frac(flops / sec, dtype_peak, backend),
             "vs_timm": paired_ratio(times[ref], ts) if ref else None, "vs_timm_ref": "/".join(ref) if ref else None,
         })
     return out
+
+
+def _peak_frac(gflops: float, peak: float, backend: str) -> float | None:
+    """The model's rate as a fraction of the square-matmul peak; None for int8 (no int8 reference) and where the
+    reference ran slower than the model (CPU bf16 without native support: torch.mm falls to a slow kernel the
+    model's autocast layers do not use), since a fraction over 1 says nothing about headroom."""
+    if backend == "onnx-int8" or peak <= 0 or gflops > peak:
+        return None
+    return gflops / peak
 
 
 # ---------------------------------------------------------------------------- output
@@ -460,7 +469,7 @@ def markdown(report: dict[str, Any]) -> str:
                if "cpu_kind" in m else []),  # older result files have no capabilities
              f"Clock: {report['clock']}; warm-up {report['warmup']}, median of {report['repeats']} round-robin repeats  ",
              "Matmul rates (square, the best per dtype is the '% peak' reference): "
-             + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in report["matmul_gflops"].items()),
+             + ", ".join(f"{k} {v:.3g} GFLOP/s" for k, v in report["matmul_gflops"].items()),
              "", "| model | task | batch | precision | backend | library | img/s | GFLOP/s | % peak | vs timm |",
              "|---|---|---:|---|---|---|---:|---:|---:|---|"]
     for r in report["rows"]:
