@@ -185,9 +185,9 @@ def _timm_vit_class():
     return VisionTransformer
 
 
-def timm_twin(model):
-    """timm's VisionTransformer with the same architecture, holding the same weights (timm key names)."""
-    timm_vit = _timm_vit_class()
+def check_twin(model) -> None:
+    """Raise ConfigError unless timm's plain VisionTransformer can express `model` (it reads the config only,
+    so a model built on the meta device will do)."""
     c = model.cfg
     if getattr(model, "family", None) != "vit":
         raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares ViTs with timm's "
@@ -197,6 +197,13 @@ def timm_twin(model):
                           "has no twin in timm's plain VisionTransformer; bench compares plain ViTs with timm only")
     if c.mlp_layer != "mlp" or c.global_pool == "map" or c.qk_norm or c.act != "gelu" or c.pos_embed == "none" or c.representation_size or c.distilled:
         raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares plain ViTs with timm only")
+
+
+def timm_twin(model):
+    """timm's VisionTransformer with the same architecture, holding the same weights (timm key names)."""
+    timm_vit = _timm_vit_class()
+    check_twin(model)
+    c = model.cfg
     twin = timm_vit(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
                     embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio,
                     qkv_bias=c.qkv_bias, init_values=c.init_values, class_token=c.class_token,
@@ -352,8 +359,10 @@ def run_benchmarks(opts: BenchOptions, command: str | None = None) -> dict[str, 
     from .runtime import torch_threads
 
     if opts.models or opts.train_models:
-        for name in dict.fromkeys((*opts.models, *opts.train_models)):
-            timm_twin(build_vitkit(name))  # a model without a timm twin fails now, before minutes of timing
+        _timm_vit_class()  # fail before any timing: timm missing, or a model it has no twin for
+        with torch.device("meta"):  # configs only: no weights are made here
+            for name in dict.fromkeys((*opts.models, *opts.train_models)):
+                check_twin(build_vitkit(name))
     device = torch.device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("bench device cuda: no CUDA device is visible")
