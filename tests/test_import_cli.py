@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vitkit
+from test_import_refusals_gone import big_vision_map_file, dinov2_giant_file
 from test_import_timm import TINY, check, perturb, reference
 from vitkit.cli.main import main
 from vitkit.errors import CheckpointError
@@ -93,15 +94,15 @@ def test_head_count_from_source_must_match(tmp_path):
                                                                                      num_classes=0))
 
 
-def test_unsupported_variants_are_refused_clearly(tmp_path):
-    sd = {k: v for k, v in TimmViT(**TINY, init_values=1e-5).state_dict().items()}
-    swiglu = {k.replace("mlp.fc1", "mlp.w12").replace("mlp.fc2", "mlp.w3"): v for k, v in sd.items()}
-    swiglu["mask_token"] = torch.zeros(1, 128)
-    torch.save(swiglu, tmp_path / "dinov2_vitg14.pth")
-    with pytest.raises(CheckpointError, match="SwiGLU"):
-        vitkit.load_model(tmp_path / "dinov2_vitg14.pth")
-    arrays = to_jax_arrays(TimmViT(**TINY).state_dict(), 2, "big_vision")
-    arrays["params/MAPHead_0/probe"] = np.zeros((1, 1, 128), np.float32)
-    np.savez(tmp_path / "siglip.npz", **arrays)
-    with pytest.raises(CheckpointError, match="MAP"):
-        vitkit.load_model(tmp_path / "siglip.npz")
+def test_formerly_refused_variants_convert(tmp_path, capsys):
+    """DINOv2 ViT-g (SwiGLU w12/w3) and big_vision MAP-head files were refused; `vitkit convert` now imports
+    them (their parity with timm: tests/test_import_refusals_gone.py)."""
+    _, hub = dinov2_giant_file("vit_giant_patch14_dinov2", registers=False)
+    torch.save(hub, tmp_path / "dinov2_vitg14.pth")
+    rc, info, err = _convert(capsys, tmp_path / "dinov2_vitg14.pth", tmp_path / "g.safetensors")
+    assert rc == 0, err
+    assert info["layout"] == "dinov2" and info["config"]["mlp_layer"] == "swiglu_packed"
+    big_vision_map_file(tmp_path / "siglip.npz")
+    rc, info, err = _convert(capsys, tmp_path / "siglip.npz", tmp_path / "siglip.safetensors")
+    assert rc == 0, err
+    assert info["layout"] == "big_vision-npz" and info["config"]["global_pool"] == "map"

@@ -1,7 +1,9 @@
 """DINOv2 (facebookresearch/dinov2 hub checkpoints) -> vitkit names.
 
 Its blocks already use timm names; what differs: `register_tokens`, a 2-D `mask_token`, optionally
-chunked blocks `blocks.{chunk}.{i}` (i is the global block index), and SwiGLU MLPs for ViT-g.
+chunked blocks `blocks.{chunk}.{i}` (i is the global block index), and SwiGLU MLPs for ViT-g: `mlp.w12`
+(SwiGLUFFNFused's packed [x1; x2] projection, silu(x1) * x2) and `mlp.w3`, which are fc1 / fc2 of vitkit's
+`SwiGLUPacked` (gate = first half), as timm's _convert_dinov2 maps them.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from ...models.config import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from ..convert import Imported, StateDict, layout
 
 _CHUNKED = re.compile(r"^blocks\.\d+\.(\d+)\.(.+)$")
+_SWIGLU_NAMES = {".mlp.w12.": ".mlp.fc1.", ".mlp.w3.": ".mlp.fc2."}
 
 
 def fold_registers(sd: StateDict) -> StateDict:
@@ -33,11 +36,21 @@ def _is_dinov2(sd: StateDict) -> bool:
             or any(_CHUNKED.match(k) or ".mlp.w12." in k for k in sd))
 
 
+def _check_packed_swiglu(sd: StateDict) -> None:
+    """w12 holds both SwiGLU branches, so it is twice as wide as w3's input; anything else is not a DINOv2 ViT-g
+    file and would load into the wrong MLP."""
+    for k, fc1 in sd.items():
+        if k.endswith(".mlp.fc1.weight"):
+            fc2 = sd.get(k.replace(".fc1.", ".fc2."))
+            if fc2 is None or fc1.shape[0] != 2 * fc2.shape[1]:
+                block = k[: -len(".mlp.fc1.weight")]
+                raise CheckpointError(
+                    f"DINOv2 checkpoint: {block}.mlp.w12 has {fc1.shape[0]} rows, not twice the width of "
+                    f"{block}.mlp.w3's input ({None if fc2 is None else fc2.shape[1]}); not a packed SwiGLU MLP")
+
+
 @layout("dinov2", _is_dinov2, priority=10)
 def convert_dinov2(sd: StateDict, hf_config=None) -> Imported:
-    if any(".mlp.w12." in k for k in sd):
-        raise CheckpointError("DINOv2 checkpoint with a SwiGLU MLP (mlp.w12/w3, the ViT-g models): vitkit "
-                              "blocks have a GELU MLP and cannot hold these weights")
     out, dropped = {}, []
     for k, v in sd.items():
         if k == "mask_token":
@@ -45,8 +58,13 @@ def convert_dinov2(sd: StateDict, hf_config=None) -> Imported:
             continue
         if m := _CHUNKED.match(k):
             k = f"blocks.{m.group(1)}.{m.group(2)}"
+        for dinov2_name, vitkit_name in _SWIGLU_NAMES.items():
+            k = k.replace(dinov2_name, vitkit_name)
         out[k] = v
     hints: dict = {"norm_eps": 1e-6, "_preprocess": Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bicubic", 0.875)}
+    if any(".mlp.w12." in k for k in sd):
+        _check_packed_swiglu(out)
+        hints["mlp_layer"] = "swiglu_packed"
     if "register_tokens" in out:
         out = fold_registers(out)
         hints["prefix_pos"] = False
