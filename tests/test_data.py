@@ -181,3 +181,47 @@ def test_transforms_follow_preprocess_and_channels():
     assert eval_transform(pre3)(x).shape == (3, 32, 32)  # gray into a 3-channel model
     recipe = get_recipe("fashion-mnist").replace(auto_augment="rand", reprob=0.25, crop="rrc")
     assert train_transform(pre3, recipe)(Image.new("RGB", (50, 40))).shape == (3, 32, 32)
+
+
+def test_small_image_upscaled_more_than_4x_gets_a_note():
+    """A 5x5 image into a 224 px model is enlarged ~50x (the eval resize to 248, then the 224 crop): a note
+    says so. 4x or less, and downscaling, say nothing (the channel/size note covers big images)."""
+    from vitkit.data.transforms import conversion_note
+
+    pre = Preprocess(crop_pct=0.9, input_size=(3, 224, 224))  # eval resize: shorter side to floor(224 / 0.9)
+    note = conversion_note(pre, [("/x/tiny.png", (5, 5, 3, "RGB"))])
+    assert note == ("note: tiny.png is 5x5 px, upscaled 50x to the model's 224x224 input; "
+                    "predictions on images this small are unreliable")
+    assert conversion_note(pre, [("a.png", (62, 80, 3, "RGB"))]) is None  # 248 / 62 = 4.0x: not more than 4x
+    assert "upscaled 4.1x" in conversion_note(pre, [("a.png", (61, 80, 3, "RGB"))])  # 248 / 61 = 4.07x
+    several = conversion_note(pre, [("a.png", (5, 5, 3, "RGB")), ("b.png", (300, 451, 3, "RGB")),
+                                    ("c.png", (20, 10, 3, "RGB")), ("d.png", (8, 8, 3, "RGB"))])
+    assert several.startswith("note: a.png is 5x5 px") and several.endswith("(2 more images likewise)")
+    gray_tiny = conversion_note(pre, [("g.png", (5, 5, 1, "L"))])  # both notes, one line
+    assert "\n" not in gray_tiny and "(g.png was 5x5 grayscale)" in gray_tiny and "g.png is 5x5 px" in gray_tiny
+
+
+def test_predict_prints_the_upscale_note_once(tmp_path, capsys):
+    import json
+
+    import vitkit
+    from vitkit.cli.main import main
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    ckpt = vitkit.save_model(model, tmp_path / "m.safetensors", class_names=["a", "b", "c"])
+    Image.fromarray(skimage_photo()).resize((5, 5), Image.Resampling.BILINEAR).save(tmp_path / "tiny.png")
+    Image.fromarray(skimage_photo()).save(tmp_path / "photo.png")  # 451x300: about 1.2x, no note
+    assert main(["predict", str(ckpt), str(tmp_path / "tiny.png"), str(tmp_path / "photo.png"), "--json"]) == 0
+    out = capsys.readouterr()
+    assert len(json.loads(out.out)["predictions"]) == 2
+    assert out.err.splitlines() == ["note: tiny.png is 5x5 px, upscaled 50x to the model's 224x224 input; "
+                                    "predictions on images this small are unreliable"]
+    assert main(["predict", str(ckpt), str(tmp_path / "photo.png")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def skimage_photo():
+    import skimage.data
+
+    return skimage.data.chelsea()  # 451x300 RGB

@@ -203,3 +203,16 @@ def test_export_cli_int8_of_the_bundled_model_warns_exactly_when_measured_limits
     assert ("top-1 drops" in (q["warning"] or "")) == (drop > INT8_MAX_DROP_POINTS)
     if drop > 0:  # the measured drop, against a limit just under it
         assert f"top-1 drops {drop:.2f} points on fashion-mnist" in int8_warning(q, max_drop=drop - 0.01)
+
+
+def test_export_cli_table_has_a_header(trained, tmp_path, capsys, monkeypatch):
+    """The human table names its columns (it had an empty header row)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.chdir(tmp_path)  # a short relative path, so the written row does not fold
+    vitkit.save_model(trained[0], "pico.safetensors")
+    assert main(["export", "pico.safetensors", "--onnx", "t.onnx"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    header = [cell.strip() for cell in lines[top + 1].strip("┃ ").split("┃")]
+    assert header == ["field", "value"], lines[top + 1]
+    assert any(line.startswith("│ written") and "t.onnx" in line for line in lines)

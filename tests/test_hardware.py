@@ -211,7 +211,7 @@ def test_train_prints_and_records_the_precision(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VITKIT_FAST_PATHS", "bf16=off")  # as on a CPU without native bf16
     assert cli([*args, "--out", str(tmp_path / "auto")]) == 0
     err = capsys.readouterr().err
-    assert "precision fp32, 1 torch thread(s)" in err and "the recipe asks for bf16; training in fp32" in err
+    assert "precision fp32, 1 torch thread per process" in err and "the recipe asks for bf16; training in fp32" in err
     summary = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert summary["precision"] == "fp32" and summary["threads"] == 1
     assert json.loads((tmp_path / "auto" / "config.json").read_text())["recipe"]["bf16"] is False

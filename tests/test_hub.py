@@ -147,3 +147,41 @@ def test_pretrained_from_local_hub_cache(tmp_path, monkeypatch, photo_batch, rec
         fe = (vk.forward_head(vk.forward_features(x), pre_logits=True) - ref_feats).abs().max().item()
     record_parity("hub cache vit_tiny_patch16_224 pretrained=True", lo, fe)
     assert lo <= 1e-4 and fe <= 1e-4
+
+
+# the local alternative, named for both audiences: the Python keyword and what the command line accepts
+PYTHON_WAY, CLI_WAY = "checkpoint_path=PATH in Python", "vitkit predict FILE IMAGE"
+
+
+def test_offline_pretrained_name_on_the_command_line_names_the_cli_way(tmp_path):
+    """`vitkit predict NAME IMG` offline: one stderr line that says how to pass a local file on the command
+    line too, and that way works: the same command with a file path in place of the name predicts."""
+    from PIL import Image
+
+    image = tmp_path / "gray.png"
+    Image.new("RGB", (64, 64), (128, 128, 128)).save(image)
+    cache = tmp_path / "hub-cache"
+    cache.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= dict(HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, "-m", "vitkit", "predict", "vit_tiny_patch16_224", str(image)], env=env,
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert REPO in res.stderr and PYTHON_WAY in res.stderr and CLI_WAY in res.stderr
+    assert "checkpoint_path=/path" not in res.stderr
+    local = vitkit.save_model(vitkit.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2,
+                                                  num_classes=2), tmp_path / "local.safetensors")
+    res = subprocess.run([sys.executable, "-m", "vitkit", "predict", str(local), str(image), "--json"], env=env,
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert res.returncode == 0, res.stderr
+
+
+def test_no_registered_weights_names_both_ways():
+    from vitkit.weights.hub import resolve_pretrained
+
+    with pytest.raises(vitkit.ConfigError) as e:
+        vitkit.create_model("vit_pico_patch2_8", pretrained=True)
+    assert "vit_pico_patch2_8" in str(e.value) and PYTHON_WAY in str(e.value) and CLI_WAY in str(e.value)
+    with pytest.raises(vitkit.ConfigError) as e:
+        resolve_pretrained("vit_pico_patch2_8", {})
+    assert PYTHON_WAY in str(e.value) and CLI_WAY in str(e.value)

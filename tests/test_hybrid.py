@@ -123,9 +123,13 @@ def test_outputs_equal_timm_for_a_timm_file(name, narrow, tmp_path, photo_batch,
         assert read.cfg.img_size == (64, 64) and read.cfg.in_chans == 3
         assert_close(read, ref, f"hybrid {name} (timm file, read off the keys)", record_parity)
     # dense features: one map per block on the stem's grid
-    final, maps = by_name.forward_intermediates(x[:1], indices=1)
+    with torch.no_grad():
+        final, maps = by_name.forward_intermediates(x[:1], indices=1)
+        ref_final, ref_maps = peer.forward_intermediates(x[:1], indices=1)
     g = 64 // entry.cfg.patch_size
     assert maps[0].shape == (1, by_name.embed_dim, g, g) and final.shape[1] == g * g + 1
+    assert (maps[0] - ref_maps[0]).abs().max() <= TOL and (final - ref_final).abs().max() <= TOL
+    assert by_name.feature_info == peer.feature_info  # the stride is the stem's times the patch on its map
 
 
 # ---------------------------------------------------------------------------- the original JAX layout

@@ -106,3 +106,18 @@ def test_formerly_refused_variants_convert(tmp_path, capsys):
     rc, info, err = _convert(capsys, tmp_path / "siglip.npz", tmp_path / "siglip.safetensors")
     assert rc == 0, err
     assert info["layout"] == "big_vision-npz" and info["config"]["global_pool"] == "map"
+
+
+def test_convert_table_keeps_each_value_on_one_line(tmp_path, capsys, monkeypatch):
+    """An 80-column terminal: the guessed preprocessing reads as its own row, no value is wrapped and no
+    parenthesis is doubled (it printed '(from default' / '(guessed))' over two lines)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.chdir(tmp_path)  # short relative paths: a long path may fold, the fields must not
+    save_file({k: v.contiguous() for k, v in TimmViT(**TINY).state_dict().items()}, "timm_tiny.safetensors")
+    assert main(["convert", "timm_tiny.safetensors", "out.safetensors"]) == 0
+    out = capsys.readouterr().out
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    assert all(len(c) == 2 and c[0] for c in cells), out  # a wrapped value continues under an empty first cell
+    rows = dict(cells)
+    assert "))" not in out and rows["preprocess from"] == "default (guessed)"
+    assert rows["mean / std"] == "0.485,0.456,0.406 / 0.229,0.224,0.225"

@@ -126,8 +126,21 @@ def test_forward_intermediates():
         torch.testing.assert_close(m.norm(inter[1].flatten(2).transpose(1, 2)), m.forward_features(x)[:, 3:])
     only = m.forward_intermediates(x, indices=1, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True)
     assert only[0][0].shape == (2, 24, 64) and only[0][1].shape == (2, 3, 64)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="out of range"):
         m.forward_intermediates(x, indices=[5])
+    with pytest.raises(ConfigError, match="output_fmt"):
+        m.forward_intermediates(x, output_fmt="NHWC")
+    assert m.feature_info == [dict(module=f"blocks.{i}", num_chs=64, reduction=8) for i in range(len(m.blocks))]
+    # grad checkpointing takes part here too (as in forward_features): same maps, and backward runs block 0's
+    # attention again (its recomputation; module hooks do not see it, so its forward is wrapped)
+    m.set_grad_checkpointing(True)
+    calls, attn_forward = [], m.blocks[0].attn.forward
+    m.blocks[0].attn.forward = lambda *a, **k: calls.append(1) or attn_forward(*a, **k)
+    ckpt = m.forward_intermediates(x, indices=[0, -1], intermediates_only=True)
+    torch.testing.assert_close(ckpt, inter)
+    ckpt[0].sum().backward()
+    del m.blocks[0].attn.forward
+    assert len(calls) == 2 and m.patch_embed.proj.weight.grad is not None
 
 
 def test_pooling_and_head_contract():

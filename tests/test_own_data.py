@@ -5,6 +5,8 @@ fails; `--overwrite` for a finished run; the CPU cost estimate and ETA at 224 px
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +85,34 @@ def test_readme_finetune_command_on_a_folder(digit_folder, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["recipe"] == "finetune" and summary["final"]["split"] == "val"
     assert vitkit.load_model(out / "last.safetensors").num_classes == 10
+
+
+def test_readme_own_data_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    """The README's own-data commands, end to end and in order, on a `flowers/` tree of real digits: only made
+    quick (one epoch of two steps, a one-block 32-wide ViT-Ti/16), with CKPT and my_rose.jpg made here."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Training on your own images", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in re.search(r"```bash\n(.*?)```", section, re.DOTALL)[1].splitlines() if line.strip()]
+    assert [shlex.split(c, comments=True)[1] for c in commands] == ["train", "train", "predict", "eval"], commands
+    monkeypatch.chdir(tmp_path)
+    _digit_tree(tmp_path / "flowers")
+    Image.open(next((tmp_path / "flowers" / "digit3").iterdir())).convert("RGB").save("my_rose.jpg")
+    small = {"depth": 1, "embed_dim": 32, "num_heads": 2}
+    vitkit.save_model(vitkit.create_model("vit_tiny_patch16_224", num_classes=5, **small), "ckpt.safetensors")
+    small_args = [a for k, v in small.items() for a in ("--set", f"model.{k}={v}")]
+    outputs = {}
+    for command in commands:
+        argv = [a if a != "CKPT" else "ckpt.safetensors" for a in shlex.split(command, comments=True)][1:]
+        if argv[0] == "train":
+            argv += QUICK + (small_args if "--model" in argv else [])
+        rc = cli(argv + ["--json"])
+        out, err = capsys.readouterr()
+        assert rc == 0, (command, err)
+        outputs[argv[0]] = json.loads(out)
+    assert outputs["predict"]["predictions"][0]["image"] == "my_rose.jpg"
+    evaluated = outputs["eval"]  # the run's own held-out split: the validation images training carved
+    held = json.loads(Path("runs/flowers/config.json").read_text())["data"]["split_indices"]["val_from_train"]
+    assert evaluated["split"] == "val" and evaluated["count"] == len(held) == 10, evaluated
 
 
 def test_too_few_images_per_class_is_one_line_and_leaves_no_folder(tmp_path, capsys):
@@ -170,20 +200,21 @@ def test_cpu_training_at_224px_prints_cost_and_eta(digit_folder, tmp_path, capsy
     tiny224 = ["--model", "vit_tiny_patch16_224", "--set", "model.depth=1", "--set", "model.embed_dim=32",
                "--set", "model.num_heads=2"]
     args = ["train", "--data", str(digit_folder), *tiny224, *[a for a in QUICK if a != "--quiet"]]
-    assert cli([*args, "--out", str(tmp_path / "a")]) == 0
+    # 6 steps: the ETA comes from 3 timed steps after 2 warm-up steps (training/console.py), with 1 left
+    assert cli([*args, "--set", "steps_per_epoch=6", "--out", str(tmp_path / "a")]) == 0
     err = capsys.readouterr().err
     model = vitkit.load_model(tmp_path / "a" / "last.safetensors")
     c = model_cost(model, batch=8)
     cost = next(line for line in err.splitlines() if line.startswith("cost:"))
     assert f"{c.gmacs_per_image:.2f} GMACs per image" in cost and f"{c.params_total / 1e6:.2f}M params" in cost
     assert "activations for a batch of 8" in cost
-    eta = [line for line in err.splitlines() if line.startswith("first step")]
-    assert len(eta) == 1 and "for the 1 steps left" in eta[0], err
-    assert err.index("cost:") < err.index("first step") < err.index("epoch 1/1")
+    eta = [line for line in err.splitlines() if line.startswith("ETA:")]
+    assert len(eta) == 1 and "for the 1 step left" in eta[0], err
+    assert err.index("cost:") < err.index("ETA:") < err.index("epoch 1/1")
     # --quiet: neither line, but still the final one
     assert cli([*args, "--out", str(tmp_path / "b"), "--quiet"]) == 0
     err = capsys.readouterr().err
-    assert "cost:" not in err and "first step" not in err and "done: final val" in err
+    assert "cost:" not in err and "ETA:" not in err and "done: final val" in err
     # small images (the digits preset at 8 px): no cost line
     assert cli(["train", "--data", str(digit_folder), "--out", str(tmp_path / "c"),
                 *[a for a in QUICK if a != "--quiet"]]) == 0

@@ -30,7 +30,7 @@ def test_eval_json_reports_top1_top5_per_class_and_confusion(ckpt, capsys):
     assert conf.shape == (10, 10) and conf.sum() == 359
     assert np.trace(conf) / 359 * 100 == pytest.approx(d["top1"])
     summary = json.loads((ckpt.parent / "summary.json").read_text())
-    assert d["top1"] == pytest.approx(summary["best"]["top1"], abs=1e-6)  # same model, same split
+    assert d["top1"] == pytest.approx(summary["best"]["test_top1"], abs=1e-6)  # same model (best on val), same split
 
 
 def test_predict_png_files_and_broken_file(ckpt, tmp_path, capsys):

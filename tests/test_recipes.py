@@ -34,6 +34,36 @@ def test_list_recipes_shows_each_result(capsys):
     for name, r in PRESETS.items():
         assert rows[name]["expected"] == r.expected and rows[name]["command"] == r.command
     assert "91.95%" in rows["fashion-mnist-resnet18"]["expected"]
+    assert {row["task"] for row in rows.values()} <= set(TASKS)
+
+
+def test_list_recipes_is_readable_in_80_columns_and_says_each_in_full_by_name(capsys, monkeypatch):
+    """The table: two lines a preset (name and the gist of its target within the width; task and command),
+    not the full measurements folded into a narrow column; `--list-recipes NAME` and -v give the full text."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli(["train", "--list-recipes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    body = lines[2:]  # under a two-line heading
+    assert len(body) == 2 * len(PRESETS), lines
+    for (first, second), (name, r) in zip(zip(body[::2], body[1::2]), PRESETS.items()):
+        assert first.split()[0] == name and len(first) <= 80, first
+        assert second.split()[0] == r.task and second.endswith(r.command), second
+        gist = first[len(name):].strip().rstrip("…")
+        assert gist and r.expected.startswith(gist.split()[0]), (first, r.expected)
+
+    def said_in_full(out: str, r) -> bool:
+        return " ".join(r.expected.split()) in " ".join(out.split())
+
+    assert cli(["train", "--list-recipes", "fashion-mnist-deit"]) == 0
+    out = capsys.readouterr().out
+    assert said_in_full(out, PRESETS["fashion-mnist-deit"]) and PRESETS["fashion-mnist-deit"].command in out
+    assert all(len(line) <= 80 for line in out.splitlines() if "vitkit train" not in line)  # wrapped to the width
+    assert cli(["-v", "train", "--list-recipes"]) == 0
+    out = capsys.readouterr().out
+    assert all(said_in_full(out, r) for r in PRESETS.values())
+    assert cli(["train", "--list-recipes", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown recipe 'nope'" in err[0]
 
 
 def test_small_data_presets_select_on_validation_and_build_their_objective():
@@ -60,3 +90,21 @@ def test_small_data_presets_select_on_validation_and_build_their_objective():
     ft = get_recipe("fashion-mnist-finetune")
     assert not is_bound(ft) and derive(ft, "runs/fashion-mnist-mae/last.safetensors").name == ft.name
     assert ft.layer_decay and ft.layer_decay < 1
+
+
+def test_digits_preset_selects_on_a_validation_split_and_reports_test(tmp_path, capsys):
+    """best.safetensors is chosen on images carved out of train; the test split only gives the final numbers."""
+    assert 0 < get_recipe("digits").val_fraction < 1
+    # the fraction belongs to the digits: other data gets the trainer's default for it, another model keeps it
+    assert derive(get_recipe("digits").replace(data="flowers")).val_fraction == 0.0
+    assert derive(get_recipe("digits").replace(data="flowers", val_fraction=0.3)).val_fraction == 0.3
+    assert derive(get_recipe("digits").replace(model="vit_tiny_patch4_28")).val_fraction == 0.1
+    out = tmp_path / "run"
+    assert cli(["train", "--recipe", "digits", "--out", str(out), "--epochs", "2", "--set", "steps_per_epoch=3",
+                "--set", "eval_batch_size=512", "--quiet", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["recipe"] == "digits" and summary["best"]["split"] == "val", summary["best"]
+    assert summary["final"]["split"] == "test" and "test_top1" in summary["best"]  # the best-on-val model, on test
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["data"]["val"] == len(cfg["data"]["split_indices"]["val_from_train"]) > 0
+    assert cfg["data"]["test"] == 359 and cfg["data"]["train"] + cfg["data"]["val"] == 1797 - 359

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +25,9 @@ from vitkit.data.images import load_image
 from vitkit.data.transforms import eval_transform
 from vitkit.errors import ConfigError, DataError
 from vitkit.retrieval import Embeddings, SearchIndex, build_index, embed, evaluate, merge, model_identity
-from vitkit.retrieval.index import DEFAULT_EF_SEARCH, choose_kind, hnsw_bytes
+from vitkit.retrieval.index import DEFAULT_EF_SEARCH, Hit, choose_kind, hnsw_bytes
 from vitkit.retrieval.metrics import ann_recall, mean_average_precision, recall_at_k
+from vitkit.retrieval.search import hit_captions, score_labels
 
 BUNDLED = "bundled:fashion-mnist"
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,6 +253,15 @@ def test_search_cli_images_sheet_identity_and_text(tmp_path, photos, capsys):
     res = json.loads(capsys.readouterr().out)
     top = res["results"][0]["hits"]
     assert top[0]["path"] == str(query) and top[0]["score"] == pytest.approx(1.0, abs=1e-5) and len(top) == 3
+    # the resized copy scores 0.99999x: its caption on the sheet must not read as the query's own 1.000
+    assert top[1]["path"] == str(photos / "a" / "astronaut_small.jpg") and 0.9999 < top[1]["score"] < 1 - 1e-6
+    captions = hit_captions([Hit(h["path"], h["score"], h["label"], h["row"]) for h in top])
+    assert captions[0] == "1: 1.000" and len(set(captions)) == 3
+    for c, h in zip(captions, top):
+        shown = float(c.split(": ")[1])
+        decimals = len(c.split(".")[1])
+        assert h["score"] - 10**-decimals < shown <= h["score"] + 1e-6  # floored, never rounded up
+    assert float(captions[1].split(": ")[1]) < 1
     sheet = Image.open(tmp_path / "s.png")
     assert sheet.width > 3 * 112 and sheet.height >= 112
     assert cli(["search", str(tmp_path / "idx"), str(query), "--model", str(tmp_path / "other.safetensors")]) == 2
@@ -274,6 +286,69 @@ def test_dedup_finds_the_resized_copy(tmp_path, photos, capsys):
     assert str(photos / "a" / "astronaut.png") in grouped and str(photos / "a" / "astronaut_small.jpg") in grouped
     assert res["duplicates"] == sum(len(g["rows"]) - 1 for g in res["groups"])
     assert cli(["dedup", str(tmp_path / "emb"), "--threshold", "2"]) == 2
+
+
+def _nearest_neighbour_reference(vectors) -> np.ndarray:
+    """Each row's best cosine match other than itself, by brute force in float64."""
+    x = np.asarray(vectors, dtype=np.float64)
+    sims = x @ x.T  # [N, N]
+    np.fill_diagonal(sims, -np.inf)
+    return sims.max(axis=1)
+
+
+def test_dedup_prints_nearest_neighbour_similarity_and_warns_below_the_median(tmp_path, capsys):
+    """A random tiny ViT maps every digit to nearly the same direction: at 0.95 everything groups, and dedup says
+    so, with the collection's own nearest-neighbour similarity to choose a threshold from."""
+    embed(_tiny(8, 1), "digits", tmp_path / "emb", split="test")
+    nn_ = _nearest_neighbour_reference(Embeddings(tmp_path / "emb").vectors)
+    median, p99 = float(np.median(nn_)), float(np.percentile(nn_, 99))
+    assert 0.95 < median < p99 < 1  # the weak model the warning is for
+    assert cli(["dedup", str(tmp_path / "emb"), "--threshold", "0.95", "--json"]) == 0
+    out = capsys.readouterr()
+    res = json.loads(out.out)
+    stats = res["nearest_neighbour_similarity"]
+    assert stats["images"] == len(nn_) == 359
+    assert stats["median"] == pytest.approx(median, abs=1e-5) and stats["p99"] == pytest.approx(p99, abs=1e-5)
+    assert res["duplicates"] > 0.9 * len(nn_)  # most images group, as warned
+    warning = out.err.strip().splitlines()
+    assert len(warning) == 1 and "below the median nearest-neighbour similarity" in warning[0]
+    assert res["warning"] == warning[0]
+    # a threshold above the median: the distribution line in the table, no warning
+    above = (median + p99) / 2
+    assert cli(["dedup", str(tmp_path / "emb"), "--threshold", f"{above:.6f}"]) == 0
+    out = capsys.readouterr()
+    assert out.err == ""
+    line = re.search(r"nearest-neighbour similarity: median ([0-9.]+), p99 ([0-9.]+) \((\d+) images\)", out.out)
+    assert line, out.out
+    shown_median, shown_p99 = float(line[1]), float(line[2])
+    assert int(line[3]) == 359 and shown_median != shown_p99
+    assert median - 1e-3 < shown_median <= median + 1e-6 and p99 - 1e-3 < shown_p99 <= p99 + 1e-6
+
+
+def test_nearest_neighbour_excludes_only_the_image_itself(tmp_path, photos):
+    """A file listed twice has an exact twin (similarity 1): its best match other than itself is the twin."""
+    from vitkit.retrieval.dedup import nearest_neighbour_similarity
+
+    files = sorted((photos / "a").glob("*.png")) + sorted((photos / "b").glob("*.png"))
+    (tmp_path / "list.csv").write_text("".join(f"{p}\n" for p in [*files, files[0]]))
+    embed(_tiny(), str(tmp_path / "list.csv"), tmp_path / "emb")
+    vecs = Embeddings(tmp_path / "emb").vectors
+    got = nearest_neighbour_similarity(vecs)
+    np.testing.assert_allclose(got, _nearest_neighbour_reference(vecs), atol=1e-5)
+    assert got[0] == pytest.approx(1.0, abs=1e-6) and got[1] < 0.9999
+
+
+def test_score_labels_never_round_up_and_keep_scores_apart():
+    close = [1.0, 0.99996, 0.9998, 0.91237, 0.91234, -0.12345]
+    labels = score_labels(close)
+    assert labels[0].startswith("1.000") and not any(lb.startswith("1.") for lb in labels[1:])
+    assert len(set(labels)) == len(close)  # every score distinct
+    decimals = len(labels[0].split(".")[1])
+    assert decimals == 5  # the fewest that separate 0.91234 from 0.91237
+    for lb, s in zip(labels, close):
+        assert len(lb.split(".")[1]) == decimals and s - 10**-decimals < float(lb) <= s
+    assert score_labels([0.5, 0.25]) == ["0.500", "0.250"]  # three decimals when they suffice
+    assert score_labels([1 - 5e-8, 1.0000001]) == ["1.000", "1.000"]  # float32 noise around a self match
 
 
 # ---------------------------------------------------------------------------- measures
@@ -308,11 +383,51 @@ def test_eval_cli_leave_one_out(tmp_path, digits_emb, capsys):
     assert res["leave_one_out"] and res["queries"] == 1797
     assert res["ann_recall"]["recall@10"] >= 0.9 and set(res["recall"]) == {"R@1", "R@5", "R@10"}
     assert abs(res["index_recall"]["R@1"] - res["recall"]["R@1"]) < 5
-    # other embeddings as queries (here the collection itself, not left out): every query finds itself first
-    assert cli(["search", str(tmp_path / "idx"), "--eval", str(digits_emb), "--json"]) == 0
-    res = json.loads(capsys.readouterr().out)
-    assert not res["leave_one_out"] and res["recall"]["R@1"] == pytest.approx(100.0)
+    # the index's own collection given as other embeddings (the folder itself, or a copy of it elsewhere): noticed,
+    # and scored leave-one-out like `self`, not the 100% of every query finding itself
+    shutil.copytree(digits_emb, tmp_path / "copy")
+    for given in (digits_emb, tmp_path / "copy"):
+        assert cli(["search", str(tmp_path / "idx"), "--eval", str(given), "--json"]) == 0
+        out = capsys.readouterr()
+        again = json.loads(out.out)
+        assert again["leave_one_out"] and again["recall"] == res["recall"] and again["mAP"] == res["mAP"]
+        assert again["recall"]["R@1"] < 100 and again["own_entries_excluded"] == 1797
+        note = out.err.strip().splitlines()
+        assert len(note) == 1 and "index's own collection" in note[0] and "leave-one-out" in note[0]
     emb_other = tmp_path / "other"
     embed(_tiny(8, 1), "digits", emb_other, split="test")
     assert cli(["search", str(tmp_path / "idx"), "--eval", str(emb_other)]) == 2
     assert "another model" in capsys.readouterr().err
+
+
+def test_eval_cli_partial_overlap_excludes_each_query_own_entry(tmp_path, photos, capsys):
+    """Queries of which some are items of the index's collection: each of those never retrieves its own entry
+    (found by path and recorded size), the others search the whole collection; the note says how many."""
+    from skimage import data
+
+    model = _tiny()
+    vitkit.save_model(model, tmp_path / "m.safetensors")
+    ckpt = str(tmp_path / "m.safetensors")
+    assert cli(["embed", ckpt, str(photos), "--out", str(tmp_path / "emb"), "--quiet", "--json"]) == 0
+    assert cli(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--json"]) == 0
+    Image.fromarray(data.coins()).save(tmp_path / "coins.png")
+    inside = [photos / "a" / "astronaut.png", photos / "b" / "coffee.png"]
+    (tmp_path / "q.csv").write_text(f"{inside[0]},a\n{inside[1]},b\n{tmp_path / 'coins.png'},b\n")
+    assert cli(["embed", ckpt, str(tmp_path / "q.csv"), "--out", str(tmp_path / "q"), "--quiet", "--json"]) == 0
+    capsys.readouterr()
+    assert cli(["search", str(tmp_path / "idx"), "--eval", str(tmp_path / "q"), "--json"]) == 0
+    out = capsys.readouterr()
+    res = json.loads(out.out)
+    assert res["own_entries_excluded"] == 2 and not res["leave_one_out"] and res["queries"] == 3
+    note = out.err.strip().splitlines()
+    assert len(note) == 1 and "2 of 3" in note[0] and res["note"] == note[0]
+    # reference: brute force over the gallery, each query's own file masked out by path
+    gallery, queries = Embeddings(tmp_path / "emb"), Embeddings(tmp_path / "q")
+    sims = np.asarray(queries.vectors, np.float64) @ np.asarray(gallery.vectors, np.float64).T  # [3, 6]
+    for i, r in enumerate(queries.rows):
+        sims[i, [j for j, g in enumerate(gallery.rows) if g["path"] == r["path"]]] = -np.inf
+    top1 = [gallery.rows[j]["label"] for j in sims.argmax(axis=1)]
+    want = 100 * np.mean([a == r["label"] for a, r in zip(top1, queries.rows)])
+    assert res["recall"]["R@1"] == pytest.approx(want)
+    assert res["index_recall"]["R@1"] == pytest.approx(want)  # the flat index, its own entries dropped too
+    assert res["ann_recall"]["recall@10"] == pytest.approx(1.0)

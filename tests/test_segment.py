@@ -81,14 +81,26 @@ def test_segmenter_on_every_family_gives_per_pixel_logits_and_trains_end_to_end(
     assert seg.head.classifier.weight.grad.abs().sum() > 0
 
 
-def test_swin_feature_pyramid_is_its_stage_maps():
+def test_swin_pyramid_is_its_stage_maps():
     model = BACKBONES["swin"]().eval()
     x = torch.randn(2, 1, 32, 32)
     with torch.no_grad():
-        maps = model.feature_pyramid(x)
+        maps = backbone_maps(model, x)
         final = model.forward_features(x)  # NHWC, normed
-    assert [m.shape[-1] for m in maps] == [8, 4, 2, 1] and model.feature_strides() == [4, 8, 16, 32]
-    assert torch.allclose(maps[-1], final.permute(0, 3, 1, 2), atol=1e-6)
+    assert [m.shape[-1] for m in maps] == [8, 4, 2, 1]
+    assert [e["reduction"] for e in model.feature_info] == [4, 8, 16, 32]
+    assert torch.allclose(maps[-1], final.permute(0, 3, 1, 2), atol=1e-6)  # the last one as the classifier sees it
+
+
+def test_resnet_pyramid_is_layer1_to_layer4_without_the_stem():
+    """A ResNet gives five maps (timm's: the stem, then layer1..4); the head reads the deepest at each stride."""
+    for small_stem, strides in ((True, [1, 2, 4, 8]), (False, [4, 8, 16, 32])):
+        model = vitkit.create_model("resnet18", in_chans=1, num_classes=3, small_stem=small_stem).eval()
+        x = torch.randn(1, 1, 32, 32)
+        with torch.no_grad():
+            maps = backbone_maps(model, x)
+        assert len(model.feature_info) == 5 and [32 // m.shape[-1] for m in maps] == strides
+        assert [m.shape[1] for m in maps] == [64, 128, 256, 512]
 
 
 def test_head_refuses_what_it_cannot_use():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -347,13 +348,20 @@ def http_exchange(port: int, head: bytes, parts: list[bytes], between=lambda i: 
     return int(header.split()[1]), body.decode()
 
 
-def test_cli_server_slow_upload_and_graceful_sigterm(uploads):
-    """`vitkit serve bundled:fashion-mnist` as a user runs it: the page and API answer, a stalled upload gets
-    408, and a request still arriving when SIGTERM comes is answered before the process exits."""
+def test_cli_server_keys_slow_upload_and_graceful_sigterm(uploads, tmp_path):
+    """`vitkit serve bundled:fashion-mnist` as a user runs it, with a key from VITKIT_API_KEY and two from a
+    key file: the page and /health answer anyone, the API only a caller with one of the keys (401 JSON
+    otherwise), a stalled upload gets 408, and a request still arriving when SIGTERM comes is answered before
+    the process exits."""
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
+    env_key, file_keys = new_key(), [new_key(), new_key()]
+    key_file = tmp_path / "keys.txt"
+    key_file.write_text("# serving keys\n" + "\n".join(file_keys) + "\n")
+    key_file.chmod(0o600)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"), VITKIT_API_KEY=env_key)
     proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", "bundled:fashion-mnist", "--port", str(port),
-                             "--timeout-s", "1.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             "--timeout-s", "1.5", "--api-key-file", str(key_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -366,8 +374,18 @@ def test_cli_server_slow_upload_and_graceful_sigterm(uploads):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
             time.sleep(0.1)
         assert "vitkit serve" in httpx.get(base + "/").text
+        for headers in ({}, {"Authorization": f"Bearer {new_key()}"}):
+            r = httpx.post(base + "/v1/predict", content=uploads["camera.png"], headers=headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "key" in r.json()["error"]
+        for key in [env_key, *file_keys]:
+            r = httpx.get(base + "/v1/model", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200 and r.json()["num_classes"] == 10
+        status, body = http_exchange(port, b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n",
+                                     [b"abc"])
+        assert status == 401 and "key" in json.loads(body)["error"]
 
-        head = b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: %d\r\n\r\n"
+        head = (b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nAuthorization: Bearer "
+                + file_keys[1].encode() + b"\r\nContent-Length: %d\r\n\r\n")
         status, body = http_exchange(port, head % 1000, [b"0123456789"])  # declares 1000 bytes, sends 10
         assert status == 408 and "did not arrive" in json.loads(body)["error"]
 
@@ -384,9 +402,10 @@ def test_cli_server_slow_upload_and_graceful_sigterm(uploads):
             proc.wait()
 
 
-def test_cli_refuses_bad_input_in_one_line(capsys, tmp_path):
+def test_cli_refuses_bad_input_in_one_line(capsys, tmp_path, monkeypatch):
     from vitkit.cli.main import main
 
+    monkeypatch.delenv("VITKIT_API_KEY", raising=False)
     assert main(["serve", str(tmp_path / "missing.safetensors")]) != 0
     err = capsys.readouterr().err.strip()
     assert err.startswith("vitkit") and "missing.safetensors" in err and len(err.splitlines()) == 1
@@ -398,6 +417,46 @@ def test_cli_refuses_bad_input_in_one_line(capsys, tmp_path):
     assert "--port" in err and len(err.splitlines()) == 1
     assert main(["serve", "bundled:fashion-mnist", "--index", str(tmp_path)]) != 0
     assert "index" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_network_address_without_a_key(capsys, tmp_path, monkeypatch):
+    """Another --host than loopback needs a key or --insecure; a bad key or key file is one line. All of these
+    are refused before the model loads (a missing checkpoint would otherwise be the error)."""
+    from vitkit.cli.main import main
+
+    monkeypatch.delenv("VITKIT_API_KEY", raising=False)
+    missing = str(tmp_path / "missing.safetensors")
+    open_file = tmp_path / "open.txt"
+    open_file.write_text(new_key() + "\n")
+    open_file.chmod(0o644)
+    for argv, words in [(["--host", "0.0.0.0"], "--insecure"), (["--host", "::"], "--insecure"),
+                        (["--host", "192.168.1.10"], "API key"),
+                        (["--api-key", "hunter2"], "at least"), (["--api-key-file", str(tmp_path / "nope")], "no such"),
+                        (["--api-key-file", str(open_file)], "chmod 600")]:
+        assert main(["serve", missing, *argv]) != 0, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("vitkit serve: error:") and len(err.splitlines()) == 1, err
+        assert words in err and "missing.safetensors" not in err and "hunter2" not in err, (argv, err)
+    monkeypatch.setenv("VITKIT_API_KEY", "short")
+    assert main(["serve", missing]) != 0
+    err = capsys.readouterr().err
+    assert "VITKIT_API_KEY" in err and "at least" in err and len(err.strip().splitlines()) == 1
+    # with a key, or --insecure, or on loopback, the address is accepted: the next check (the checkpoint) speaks
+    monkeypatch.setenv("VITKIT_API_KEY", new_key())
+    assert main(["serve", missing, "--host", "0.0.0.0", "--port", str(free_port())]) != 0
+    assert "missing.safetensors" in capsys.readouterr().err
+    monkeypatch.delenv("VITKIT_API_KEY")
+    for argv in (["--host", "0.0.0.0", "--insecure"], ["--host", "localhost"], ["--host", "127.0.0.2"]):
+        assert main(["serve", missing, *argv, "--port", str(free_port())]) != 0
+        err = capsys.readouterr().err
+        assert "missing.safetensors" in err, (argv, err)
+        if "--insecure" in argv:
+            assert "warning" in err and "anyone" in err
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert "--api-key" in helptext and "VITKIT_API_KEY" in helptext and "/docs" in helptext and "CDN" in helptext
 
 
 # ------------------------------------------------------------------------------------- search (with an index)
@@ -448,3 +507,128 @@ def test_onnx_backend_predicts_like_vitkit_predict_and_refuses_the_rest(uploads,
             assert "PyTorch model" in assert_one_line_error(post(c, path, uploads["chelsea.png"]), 400)
         assert c.get("/v1/model").json()["operations"] == {"predict": True, "embed": False, "explain": False,
                                                            "search": False}
+
+
+# ------------------------------------------------------------------------------------- API keys, docs, paths
+PROTECTED = [("GET", "/v1/model"), ("GET", "/openapi.json"), ("POST", "/v1/predict"), ("POST", "/v1/explain"),
+             ("POST", "/v1/embed"), ("POST", "/v1/search")]
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def call(client, method: str, path: str, data: bytes, headers: dict | None = None, **params):
+    if method == "GET":
+        return client.get(path, params=params, headers=headers)
+    return client.post(path, params=params, headers=headers, files={"file": ("x.png", data, "application/octet-stream")})
+
+
+def test_api_key_is_required_on_every_route_but_the_page_and_health(bundled, uploads):
+    keys = [new_key(), new_key()]
+    data = uploads["camera.png"]
+    with TestClient(create_app(bundled, name="bundled:fashion-mnist", api_keys=keys)) as c:
+        for method, path in PROTECTED:
+            for headers in (None, {"Authorization": f"Bearer {new_key()}"}, {"Authorization": f"Bearer {keys[0][:-1]}"},
+                            {"Authorization": f"Basic {keys[0]}"}, {"Authorization": keys[0]},
+                            {"Authorization": "Bearer caf\u00e9-\u00fc".encode("latin-1")}, {"X-Api-Key": keys[0]}):
+                r = call(c, method, path, data, headers)
+                msg = assert_one_line_error(r, 401)
+                assert r.headers["www-authenticate"] == "Bearer" and "key" in msg.lower(), (path, headers, msg)
+                assert keys[0] not in r.text and keys[1] not in r.text
+            for key in keys:  # every key of the set is accepted; search has no index here, so 404 after the check
+                r = call(c, method, path, data, {"Authorization": f"Bearer {key}"})
+                assert r.status_code == (404 if path == "/v1/search" else 200), (path, r.text)
+        # the key is checked before anything else about the request: no 422 / 415 tells a stranger the API's shape
+        assert_one_line_error(post(c, "/v1/predict", data, top_k=0), 401)
+        assert_one_line_error(c.post("/v1/predict", json={"file": "a.png"}), 401)
+        assert c.get("/").status_code == 200 and "vitkit serve" in c.get("/").text
+        health = c.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert "bundled:fashion-mnist" not in health.text, "without the key, /health says nothing about the model"
+
+
+def test_api_keys_must_be_usable_and_a_key_file_private(tmp_path, bundled):
+    from vitkit.serve import read_key_file
+
+    keys = [new_key(), new_key()]
+    good = tmp_path / "keys.txt"
+    good.write_text(f"# the team's keys\n\n{keys[0]}\n   {keys[1]}  \n# an old key, revoked: {new_key()}\n")
+    good.chmod(0o600)
+    assert read_key_file(good) == tuple(keys)
+    cases = {"missing": (tmp_path / "nope.txt", None, "no such file"),
+             "empty": (tmp_path / "empty.txt", "", "no API key"),
+             "comments only": (tmp_path / "comments.txt", "# nothing yet\n\n", "no API key"),
+             "world-readable": (tmp_path / "open.txt", keys[0] + "\n", "chmod 600"),
+             "short key": (tmp_path / "short.txt", "hunter2\n", "at least"),
+             "space in a key": (tmp_path / "space.txt", f"{keys[0]} {keys[1]}\n", "line 1"),
+             "folder": (tmp_path, None, "not a file")}
+    for what, (path, text, words) in cases.items():
+        if text is not None:
+            path.write_text(text)
+            path.chmod(0o644 if what == "world-readable" else 0o600)
+        with pytest.raises(ConfigError, match=words) as e:
+            read_key_file(path)
+        assert "\n" not in str(e.value) and keys[0] not in str(e.value) and "hunter2" not in str(e.value), what
+    for bad in ([], ["short"], [keys[0] + "\n"]):
+        with pytest.raises(ConfigError):
+            create_app(bundled, name="b", api_keys=bad)
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.1.2.3", True), ("localhost", True),
+                                            ("LOCALHOST", True), ("::1", True), ("::ffff:127.0.0.1", True),
+                                            ("0.0.0.0", False), ("::", False), ("", False), ("192.168.1.10", False),
+                                            ("example.org", False), ("128.0.0.1", False)])
+def test_which_hosts_are_loopback(host, loopback):
+    from vitkit.serve import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+def test_docs_load_nothing_from_elsewhere_and_the_schema_stays(client):
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        r = client.get(path)
+        assert r.status_code == 404 or not any(w in r.text for w in ("http://", "https://", "//cdn")), \
+            f"{path} loads its script from another site"
+    assert "/v1/predict" in client.get("/openapi.json").json()["paths"]
+
+
+def test_no_request_makes_the_server_read_a_path(client, uploads, tmp_path):
+    """Requests that name files on the server's disk (a real image and a secret, in query strings, JSON, form
+    fields, the raw body, the URL) are refused, and no file-system call of this process touches those paths
+    while they are answered (Python's audit hooks see every open, listdir, stat-free access)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text(f"the secret is {new_key()}\n")
+    image = tmp_path / "camera.png"
+    image.write_bytes(uploads["camera.png"])  # a request that read it would get a 200 answer
+    touched: list[tuple[str, str]] = []
+    watched = {str(secret), str(image)}
+
+    def audit(event, args):
+        if watching:
+            for a in args:
+                if isinstance(a, (str, bytes, os.PathLike)) and any(w in os.fsdecode(a) for w in watched):
+                    touched.append((event, os.fsdecode(a)))
+
+    watching = False
+    sys.addaudithook(audit)  # stays for the process: cheap while `watching` is off
+    answers = []
+    watching = True
+    try:
+        for target in (str(secret), str(image), f"file://{image}"):
+            named = {"path": target, "file": target, "image": target, "url": target, "index": target}
+            for path in ("/v1/predict", "/v1/explain", "/v1/embed", "/v1/search"):
+                answers += [client.post(path, params=named),
+                            client.post(path, params=named, content=target.encode(), headers={"content-type": "text/plain"}),
+                            client.post(path, json=named), client.post(path, data=named),
+                            client.post(path, files={"file": (None, target)}),
+                            client.post(path, content=target.encode(), headers={"content-type": "application/octet-stream"}),
+                            client.post(path, files={"file": (target, b"", "image/png")})]
+            answers += [client.get("/v1/model", params=named), client.get("/" + target.lstrip("/")),
+                        client.get("/health", params=named), client.get("/", params=named)]
+    finally:
+        watching = False
+    assert touched == [], f"the server touched a path a request named: {touched[:3]}"
+    for r in answers:
+        assert r.status_code >= 400 or r.request.url.path in ("/", "/health", "/v1/model"), (r.request.url, r.text)
+        assert "the secret is" not in r.text and "root:x:" not in r.text

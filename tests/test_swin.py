@@ -81,6 +81,19 @@ def test_intermediates_match_timm(photo_batch):
     assert [t.shape for t in io] == [t.shape for t in ir] == [(3, 32 * 2 ** i, 16 >> i, 16 >> i) for i in range(4)]
     assert max((a - b).abs().max().item() for a, b in zip(ir, io)) <= TOL
     assert len(last2) == 2 and torch.equal(last2[1], all4[3])
+    assert ours.feature_info == ref.feature_info  # timm's channels, strides and module names
+    with torch.no_grad():  # stopped after stage 1: the final features are that stage's, un-normed (timm's)
+        for kw in (dict(indices=[0, -3], stop_early=True), dict(indices=[-1], norm=True, stop_early=True)):
+            fr, ir = ref.forward_intermediates(x, **kw)
+            fo, io = ours.forward_intermediates(x, **kw)
+            assert fo.shape == fr.shape and (fr - fo).abs().max() <= TOL, kw
+            assert len(io) == len(ir) and max((a - b).abs().max().item() for a, b in zip(ir, io)) <= TOL, kw
+        nhwc = ours.forward_intermediates(x, indices=[0], output_fmt="NHWC", intermediates_only=True)
+    assert torch.equal(nhwc[0].permute(0, 3, 1, 2), all4[0])
+    with pytest.raises(ConfigError, match="out of range"):
+        ours.forward_intermediates(x, indices=[4])
+    with pytest.raises(ConfigError, match="output_fmt"):
+        ours.forward_intermediates(x, output_fmt="NLC")
 
 
 @pytest.mark.parametrize("name", vitkit.list_models(family="swin"))

@@ -44,7 +44,7 @@ def test_digits_run_folder_has_everything(tmp_path, capsys):
     model = vitkit.load_model(out / "best.safetensors")
     assert model.class_names == [str(i) for i in range(10)]
     assert model.provenance["recipe"] == "digits" and model.provenance["dataset"] == "digits"
-    assert "test_top1" in model.provenance["accuracy"] and "vitkit train" in model.provenance["command"]
+    assert "val_top1" in model.provenance["accuracy"] and "vitkit train" in model.provenance["command"]  # chosen on val
 
 
 def test_resume_after_epoch_equals_uninterrupted(tmp_path, capsys):

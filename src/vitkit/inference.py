@@ -8,12 +8,12 @@ import shlex
 from typing import Any
 
 import torch
-from torch.utils.data import ConcatDataset, DataLoader
+from torch.utils.data import DataLoader
 
-from .data.datasets import Transformed, load_data, map_labels
+from .data.datasets import Transformed, data_spec, describe_split, eval_split, load_data, map_labels, shared_images
 from .data.images import image_source, load_image
 from .data.transforms import conversion_note, eval_transform
-from .errors import DataError, ImageError
+from .errors import DataError, ImageError, VitkitError
 from .training.evaluate import evaluate, per_class
 from .training.models import in_chans
 
@@ -65,70 +65,105 @@ def input_note(model, items) -> str | None:
 
 
 def evaluate_on(model, data: str, *, split: str | None = None, seed: int = 0, val_fraction: float = 0.0,
-                batch_size: int = 256, strict: bool = False) -> dict[str, Any]:
+                batch_size: int = 256, strict: bool = False, training: dict[str, Any] | None = None) -> dict[str, Any]:
     """Top-1/top-5, loss, per-class precision/recall and the confusion matrix of `model` on a split of
     `data` (digits | fashion-mnist | FOLDER | MANIFEST.csv). `split`: test, val, train or all; default test,
-    else val, else everything. `seed` and `val_fraction` carve the validation split as training did."""
-    ds_all = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=in_chans(model))
+    else val, else everything (`data.datasets.eval_split`). `seed` and `val_fraction` carve the validation
+    split as training did. `training` (a `training_data` result, when `data` is what the model trained on)
+    turns on the checks that end up in `warnings`: images of the scored split the run trained on, and data
+    that changed since the run recorded its validation split."""
+    channels = in_chans(model)
+    ds_all = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=channels)
     names = model.class_names or ds_all.class_names
     if model.num_classes != len(names):
         raise DataError(f"the model has {model.num_classes} outputs but {data} has {len(names)} classes")
     map_labels(ds_all, names)
-    splits = {"test": ds_all.test, "val": ds_all.val, "train": ds_all.train}
-    if split == "all":
-        ds = ConcatDataset([s for s in splits.values() if s is not None])
-    else:
-        split = split or next((k for k in ("test", "val") if splits[k] is not None), "train")
-        ds = splits[split]
-        if ds is None:
-            raise DataError(f"{data} has no {split} split")
+    split, ds = eval_split(ds_all, split)
+    trained, warnings = (None, []) if training is None else _trained_images(
+        ds_all, split, ds, data, seed, val_fraction, training, strict=strict, channels=channels)
     loader = DataLoader(Transformed(ds, eval_transform(model.preprocess), deterministic=False), batch_size=batch_size)
     res = evaluate(model, loader, len(names), torch.device("cpu"))
-    return {"data": ds_all.name, "split": split, "count": res["count"], "top1": res["top1"], "top5": res["top5"],
+    return {"data": ds_all.name, "split": split, "count": res["count"], "split_from": describe_split(ds_all, split),
+            "trained_images": trained, "warnings": warnings, "top1": res["top1"], "top5": res["top5"],
             "loss": res["loss"], "per_class": per_class(res["confusion"], names), "class_names": names,
             "confusion": res["confusion"].tolist(), "skipped_images": ds_all.info.get("num_skipped", 0)}
 
 
-def training_data(checkpoint: str, provenance: dict[str, Any]) -> dict[str, Any]:
-    """What the checkpoint was trained on and how it was split: {data, seed, val_fraction, from}, each None when
-    unknown. In order: the checkpoint's provenance (`dataset`, `seed`, `val_fraction`), the run folder's
-    config.json beside the file, then the recipe and the reproducing command the provenance records."""
-    out: dict[str, Any] = {"data": provenance.get("dataset"), "seed": provenance.get("seed"),
-                           "val_fraction": provenance.get("val_fraction"), "from": "checkpoint provenance"}
-    if out["seed"] is not None and out["val_fraction"] is not None:
-        return out
-    recipe = None
-    try:
-        from .weights.io import resolve_path
+def _trained_images(bundle, split: str, scored, data: str, seed: int, val_fraction: float, training: dict[str, Any],
+                    *, strict: bool, channels: int) -> tuple[int | None, list[str]]:
+    """(how many scored images were in the run's training split or None when unknown, warning lines). The
+    training split is this load's own train split when the split was carved as the run did, else a second
+    load with the run's seed and fraction (another --seed moves a seeded test or validation split)."""
+    if training.get("seed") is None or training.get("val_fraction") is None:
+        return None, []
+    run_split = (seed, val_fraction or 0.0) == (training["seed"], training["val_fraction"] or 0.0)
+    recorded = training.get("val_split") or {}
+    carved = (bundle.info.get("split_indices") or {}).get("val_from_train")
+    if run_split and carved is not None and recorded.get("indices") is not None \
+            and (recorded.get("seed"), recorded.get("fraction")) == (seed, val_fraction) \
+            and list(recorded["indices"]) != list(carved):
+        return None, [f"{data} changed since the run: its validation split is not the one the run recorded "
+                      f"({training.get('from')}), so some of these {len(scored)} images may have been trained on"]
+    train = bundle.train if run_split else load_data(data, seed=training["seed"], val_fraction=training["val_fraction"],
+                                                     strict=strict, channels=channels).train
+    n = shared_images(scored, train)
+    if not n:
+        return 0, []
+    return n, [f"{n} of the {len(scored)} images scored ({split} split) were in the run's training split, so the "
+               "model trained on them and these scores overstate its accuracy on new images (the held-out split: "
+               "no --split, no --seed)"]
 
-        config = resolve_path(checkpoint).parent / "config.json"
-        saved = json.loads(config.read_text()) if config.is_file() else {}
-        recipe = dict(saved["recipe"]) if saved else None
+
+def training_data(checkpoint: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """What the checkpoint was trained on and how it was split: {data, seed, val_fraction, val_split, from},
+    each None when unknown; `data` is a spec load_data reads. In order: the checkpoint's provenance (`dataset`,
+    `seed`, `val_fraction`), the run folder's config.json beside the file, then the recipe and the reproducing
+    command the provenance records. `val_split` is the carved validation split config.json records, {seed,
+    fraction, indices} (indices into the train split before carving), which `evaluate_on` checks its carve
+    against."""
+    out: dict[str, Any] = {"data": provenance.get("dataset"), "seed": provenance.get("seed"),
+                           "val_fraction": provenance.get("val_fraction"), "val_split": None,
+                           "from": "checkpoint provenance"}
+    config, saved = _run_config(checkpoint)
+    data_info = saved.get("data") if isinstance(saved.get("data"), dict) else {}
+    carved = data_info.get("val_split")  # what the run actually carved
+    indices = (data_info.get("split_indices") or {}).get("val_from_train")
+    if isinstance(carved, dict) and isinstance(indices, list):
+        out["val_split"] = {"seed": carved.get("seed"), "fraction": carved.get("fraction"), "indices": indices}
+    if out["seed"] is None or out["val_fraction"] is None:
+        recipe = dict(saved["recipe"]) if isinstance(saved.get("recipe"), dict) else None
         if recipe is not None:
             out["from"] = str(config)
-            carved = (saved.get("data") or {}).get("val_split")  # what the run actually carved
             if isinstance(carved, dict):
                 recipe |= {"val_fraction": carved.get("fraction"), "seed": carved.get("seed", recipe.get("seed"))}
-    except (OSError, ValueError, KeyError, TypeError):
-        recipe = None
-    if recipe is None and provenance.get("recipe"):
-        recipe = _recipe_from_command(provenance["recipe"], provenance.get("command", ""))
-        out["from"] = "the recipe and command in the checkpoint's provenance"
-    if recipe:
-        out["data"] = recipe.get("data") or out["data"]  # the spec as given (a folder path, not its label)
-        out["seed"] = out["seed"] if out["seed"] is not None else recipe.get("seed")
-        if out["val_fraction"] is None:
-            out["val_fraction"] = recipe.get("val_fraction")
-    for prefix in ("folder:", "csv:"):  # a dataset's label (DataBundle.name) -> the spec load_data reads
-        if isinstance(out["data"], str) and out["data"].startswith(prefix):
-            out["data"] = out["data"][len(prefix):]
+        elif provenance.get("recipe"):
+            recipe = _recipe_from_command(provenance["recipe"], provenance.get("command", ""))
+            out["from"] = "the recipe and command in the checkpoint's provenance"
+        if recipe:
+            out["data"] = recipe.get("data") or out["data"]  # the spec as given (a folder path, not its label)
+            out["seed"] = out["seed"] if out["seed"] is not None else recipe.get("seed")
+            if out["val_fraction"] is None:
+                out["val_fraction"] = recipe.get("val_fraction")
+    out["data"] = data_spec(out["data"])
     return out
+
+
+def _run_config(checkpoint: str) -> tuple[str | None, dict[str, Any]]:
+    """(path, contents) of the config.json of the run folder holding `checkpoint`; (None, {}) when there is none
+    or it cannot be read (a checkpoint on its own still evaluates, from its provenance)."""
+    from .weights.io import resolve_path
+
+    try:
+        config = resolve_path(checkpoint).parent / "config.json"
+        saved = json.loads(config.read_text()) if config.is_file() else None
+    except (OSError, ValueError, TypeError, VitkitError):
+        return None, {}
+    return (str(config), saved) if isinstance(saved, dict) else (None, {})
 
 
 def _recipe_from_command(name: str, command: str) -> dict[str, Any] | None:
     """The recipe a run used: the preset it names plus the `--set key=value` (and --seed/--data) of the command
     the trainer records, which reproduces the run (see cli.train.canonical_command)."""
-    from .errors import VitkitError
     from .training.recipes import get_recipe
 
     try:

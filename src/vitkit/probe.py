@@ -48,18 +48,26 @@ def extract_features(model: nn.Module, loader, device: torch.device | str = "cpu
     return torch.cat(feats), torch.cat(labels)
 
 
+def mask_excluded(sim: torch.Tensor, exclude: torch.Tensor) -> None:
+    """sim[i, exclude[i]] = -inf in place wherever exclude[i] >= 0 (sim [m, N], exclude [m]): a query never
+    retrieves the bank row that is itself."""
+    queries = torch.nonzero(exclude >= 0).squeeze(1)  # [q]
+    sim[queries, exclude[queries]] = -math.inf
+
+
 @torch.no_grad()
 def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor, k: int = KNN_K,
                T: float = KNN_T, num_classes: int | None = None, *, exclude_self: bool = False,
-               normalize: bool = True, chunk: int = 1024) -> torch.Tensor:
+               exclude: torch.Tensor | None = None, normalize: bool = True, chunk: int = 1024) -> torch.Tensor:
     """Class scores [M, C] of the weighted k-NN: for each query, the sum of exp(sim / T) over its k most similar
     bank rows of each class. `exclude_self`: the queries are the bank (same order) and a row never votes for
-    itself (leave-one-out). `normalize`: L2-normalise both sides first (the protocol does)."""
+    itself (leave-one-out). `exclude` [M]: the bank row that never votes for each query (-1: none), for queries
+    that are only partly in the bank. `normalize`: L2-normalise both sides first (the protocol does)."""
     bank, queries = bank.float(), queries.float()
     if normalize:
         bank, queries = F.normalize(bank, dim=1), F.normalize(queries, dim=1)
     C = int(num_classes if num_classes is not None else int(bank_labels.max()) + 1)
-    k = min(k, len(bank) - int(exclude_self))
+    k = min(k, len(bank) - int(exclude_self or exclude is not None))
     if k < 1:
         raise ValueError("the k-NN bank is empty")
     out = torch.empty(len(queries), C)
@@ -68,6 +76,8 @@ def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Ten
         if exclude_self:
             rows = torch.arange(sim.shape[0])
             sim[rows, rows + i] = -math.inf
+        if exclude is not None:
+            mask_excluded(sim, exclude[i:i + chunk])
         top, idx = sim.topk(k, dim=1, largest=True, sorted=True)
         votes = torch.zeros(sim.shape[0], C)
         votes.scatter_add_(1, bank_labels[idx], (top / T).exp())
@@ -154,17 +164,17 @@ def probe_on(model, data: str, protocols: list[str] | tuple[str, ...] = ("knn", 
     """Frozen-feature results of `model` on `data` (digits | fashion-mnist | FOLDER | MANIFEST.csv): the train
     split is the k-NN bank and the probe's training set; `split` (default test, else val) the queries.
     Returns {"data", "split", "count", "bank_count", "knn": {...}, "linear": {...}} for the protocols asked."""
-    from .data.datasets import Transformed, load_data
+    from .data.datasets import Transformed, eval_split, load_data
     from .data.transforms import eval_transform
     from .errors import DataError
 
     ds_all = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=int(model.preprocess.input_size[0]))
-    splits = {"test": ds_all.test, "val": ds_all.val, "train": ds_all.train}
-    split = split or next((s for s in ("test", "val") if splits[s] is not None), None)
-    if split is None or split == "train" or splits.get(split) is None:
+    if split in ("train", "all"):
+        raise DataError("frozen-feature evaluation queries the test or val split (the train split is the bank)")
+    split, queries = eval_split(ds_all, split)
+    if split == "all":  # eval_split's default for data that was never split: nothing held out to query
         raise DataError(f"frozen-feature evaluation needs a train split (the bank) and a separate eval split; "
-                        f"{data} has no {split or 'test or val'} split" if split != "train" else
-                        "frozen-feature evaluation queries the test or val split (the train split is the bank)")
+                        f"{data} has no test or val split")
     tf = eval_transform(model.preprocess)
 
     def feats(ds):
@@ -172,7 +182,7 @@ def probe_on(model, data: str, protocols: list[str] | tuple[str, ...] = ("knn", 
         return extract_features(model, loader)
 
     bank_x, bank_y = feats(ds_all.train)
-    q_x, q_y = feats(splits[split])
+    q_x, q_y = feats(queries)
     C = len(ds_all.class_names)
     out: dict[str, Any] = {"data": ds_all.name, "split": split, "count": len(q_x), "bank_split": "train",
                            "bank_count": len(bank_x), "feature_dim": int(bank_x.shape[1])}

@@ -62,19 +62,38 @@ def run(args) -> int:
 
     def render(d):
         rows = [("layout", d["layout"]), ("family", d["family"]), ("params", f"{d['params']:,}")]
-        if d["family"] == "vit":
-            rows += [("width/depth/heads", f"{cfg.embed_dim}/{cfg.depth}/{cfg.num_heads}"),
-                     ("patch", cfg.patch_size)]
-        elif d["family"] == "swin":
-            rows += [("width / blocks / heads per stage", f"{cfg.embed_dim} / {','.join(map(str, cfg.depths))} / "
-                      f"{','.join(map(str, cfg.num_heads))}"), ("patch / window", f"{cfg.patch_size} / {cfg.window_size}")]
+        rows += _architecture_rows(d["config"])
         rows += [("img", f"{cfg.img_size[0]}x{cfg.img_size[1]}"), ("classes", cfg.num_classes),
-                 ("mean / std", f"{_short(pre.mean)} / {_short(pre.std)} (from {d['preprocess_from']})"),
-                 ("written", d["out"])]
-        print_table(f"converted {args.src}", ["field", "value"], rows)
+                 ("mean / std", f"{_short(pre.mean)} / {_short(pre.std)}"),
+                 # its own row: the source often ends in "(guessed)", which nested in parentheses read "...))"
+                 ("preprocess from", d["preprocess_from"]), ("written", d["out"])]
+        # values left-aligned: a long path that has to fold still reads from its start
+        print_table(f"converted {args.src}", ["field", "value"], rows, justify=["left", "left"])
 
     emit(args, info, render)
     return 0
+
+
+def _architecture_rows(config: dict) -> list[tuple[str, str]]:
+    """Width, depth and heads, patch and window, as far as the family's config has them: one depth and head
+    count (ViT), one per stage (Swin), or none of these (ResNet). Read off the fields, not the family name."""
+    rows = []
+    depth = config.get("depth", config.get("depths"))
+    if None not in (config.get("embed_dim"), depth, config.get("num_heads")):
+        if isinstance(depth, (list, tuple)):
+            rows.append(("width / blocks / heads per stage",
+                         f"{config['embed_dim']} / {_joined(depth)} / {_joined(config['num_heads'])}"))
+        else:
+            rows.append(("width/depth/heads", f"{config['embed_dim']}/{depth}/{config['num_heads']}"))
+    if config.get("patch_size") is not None:
+        window = config.get("window_size")
+        rows.append(("patch / window", f"{config['patch_size']} / {window}") if window is not None
+                    else ("patch", config["patch_size"]))
+    return rows
+
+
+def _joined(values) -> str:
+    return ",".join(map(str, values))
 
 
 def _short(values) -> str:

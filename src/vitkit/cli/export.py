@@ -65,7 +65,7 @@ def run(args) -> int:
                 rows += [(f"top-1 on {args.eval_data} ({q['accuracy']['count']} images)",
                           f"PyTorch {t['pytorch']:.2f}%  ONNX {t['onnx']:.2f}%  int8 {t['int8']:.2f}%"),
                          ("int8 top-1 change", f"{q['top1_change_points']:+.2f} points")]
-        print_table(f"exported {d['checkpoint']}", ["", ""], rows, justify=["left", "left"])
+        print_table(f"exported {d['checkpoint']}", ["field", "value"], rows, justify=["left", "left"])
 
     emit(args, out, render)
     if args.int8 and out["int8"]["warning"]:  # one line on stderr, whatever the output format

@@ -82,7 +82,7 @@ def run(args) -> int:
             else:
                 name = r["name"] + "".join(f"\n  .{t}" for t in r["pretrained"])
                 table.add_row(name, f"{r['params_m']:.1f}", gmacs, f"{res}/{r.get('patch_size', '-')}", shape,
-                              r["group"] if r["family"] == "vit" else r["family"])
+                              r["group"] or r["family"])  # every registered name has a listing group
         con.print(table)
 
     emit(args, rows, render)

@@ -18,7 +18,8 @@ def register(sub) -> None:
     p.add_argument("--sheet", help="write a contact sheet PNG of the hits here")
     p.add_argument("--eval", metavar="EMB_DIR|self",
                    help="retrieval Recall@k, mAP, k-NN and ANN recall@10 of these embeddings as queries against the "
-                        "index's collection (self: leave-one-out on the collection)")
+                        "index's collection (self, or the collection's own embeddings: leave-one-out; queries "
+                        "partly in it never retrieve their own entry)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -38,7 +39,7 @@ def run(args) -> int:
         return _eval(args, index)
     if not args.queries and not args.text:
         raise ConfigError("give query images, --text \"...\", or --eval EMB_DIR")
-    from ..retrieval.search import contact_sheet, embed_images, embed_texts, hits_json, load_index_model
+    from ..retrieval.search import contact_sheet, embed_images, embed_texts, hits_json, load_index_model, score_labels
 
     model = load_index_model(index, args.model)
     ident = index.model_identity
@@ -59,8 +60,9 @@ def run(args) -> int:
 
     def render(d):
         for r in d["results"]:
-            rows = [(i + 1, f"{h['score']:.4f}", h["label"] if h["label"] is not None else "", h["path"])
-                    for i, h in enumerate(r["hits"])]
+            scores = score_labels([h["score"] for h in r["hits"]], min_decimals=4)
+            rows = [(i + 1, score, h["label"] if h["label"] is not None else "", h["path"])
+                    for i, (h, score) in enumerate(zip(r["hits"], scores))]
             print_table(f"{r['kind']}: {r['query']}", ["#", "score", "label", "path"], rows,
                         justify=["right", "right", "left", "left"])
         if d.get("sheet"):
@@ -75,15 +77,31 @@ def run(args) -> int:
 def _eval(args, index) -> int:
     from ..retrieval.embed import Embeddings
     from ..retrieval.metrics import evaluate
+    from ..retrieval.search import own_entries
 
     gallery = Embeddings(index.meta["embeddings"])
+    note = None
     if args.eval == "self":
         res = evaluate(gallery.vectors, gallery.labels(), index=index)
     else:
         queries = Embeddings(args.eval)
         index.check_identity(queries.model_identity)
-        res = evaluate(queries.vectors, queries.labels(), gallery.vectors, gallery.labels(), index=index)
-    res = {"index": str(args.index), "queries_from": args.eval} | res
+        # every query finding itself first would read as R@1 100%: its own entry is left out of its results
+        same, own = own_entries(queries, gallery)
+        if same:
+            note = (f"note: {args.eval} is the index's own collection; scoring leave-one-out (each query's own "
+                    "entry excluded)")
+            res = evaluate(gallery.vectors, gallery.labels(), index=index)
+        else:
+            overlap = int((own >= 0).sum())
+            if overlap:
+                note = (f"note: {overlap} of {len(own)} queries in {args.eval} are items of the index's collection; "
+                        "each one's own entry is excluded from its results")
+            res = evaluate(queries.vectors, queries.labels(), gallery.vectors, gallery.labels(), exclude=own,
+                           index=index)
+    res = {"index": str(args.index), "queries_from": args.eval, "note": note} | res
+    if note:  # on stderr, whatever the output format: --json stdout stays pure JSON
+        print(note, file=sys.stderr)
 
     def render(d):
         rows = [(f"retrieval {k} (exact)", f"{v:.2f}%") for k, v in d["recall"].items()]
@@ -93,8 +111,9 @@ def _eval(args, index) -> int:
         if "ann_recall" in d:
             (name, v), = [(k, v) for k, v in d["ann_recall"].items() if k.startswith("recall@")]
             rows.append((f"ANN {name} vs exact ({d['ann_recall']['kind']})", f"{v:.4f}"))
-        print_table(f"retrieval: {d['queries']} queries vs {d['gallery']} "
-                    f"{'(leave-one-out)' if d['leave_one_out'] else 'gallery'}", ["measure", "value"], rows)
+        how = ("(leave-one-out)" if d["leave_one_out"] else
+               f"gallery ({d['own_entries_excluded']} own entries excluded)" if d["own_entries_excluded"] else "gallery")
+        print_table(f"retrieval: {d['queries']} queries vs {d['gallery']} {how}", ["measure", "value"], rows)
 
     emit(args, res, render)
     return 0

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from .common import non_negative_float, positive_int
 
@@ -14,10 +16,15 @@ def _positive(text: str) -> float:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("serve", help="serve a model over HTTP: JSON API (predict, explain, embed, search) and a web page")
+    p = sub.add_parser("serve", help="serve a model over HTTP: JSON API (predict, explain, embed, search) and a web page",
+                       epilog="API keys: with --api-key, VITKIT_API_KEY or --api-key-file, every route but the page (/) "
+                       "and /health needs the header 'Authorization: Bearer KEY' (401 otherwise); the page asks for "
+                       "the key once. API docs: the OpenAPI schema at /openapi.json; /docs and /redoc are off, "
+                       "because FastAPI's Swagger UI and ReDoc load their scripts from a CDN.")
     p.add_argument("checkpoint", help="any checkpoint vitkit can load (file, run folder, bundled:NAME, pretrained "
                    "name), or an .onnx file with --backend onnx")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only); "
+                   "any other than loopback (127.0.0.0/8, ::1, localhost) needs an API key or --insecure")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                    help="onnx: CHECKPOINT is an .onnx file from `vitkit export` (predict only)")
@@ -32,6 +39,12 @@ def register(sub) -> None:
                    help="longest wait for the model (503 after) and for an upload to arrive (408 after)")
     p.add_argument("--top-k", type=positive_int, default=5, help="classes returned when a request does not say")
     p.add_argument("--index", metavar="INDEX", help="a search index from `vitkit index` to enable /v1/search")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on the API (default: "
+                   "$VITKIT_API_KEY). A command line is visible to other users (ps): prefer the variable or a file")
+    p.add_argument("--api-key-file", metavar="PATH", help="accept the keys in this file too: one a line, blank "
+                   "lines and # comments ignored; it must not be world-readable (chmod 600)")
+    p.add_argument("--insecure", action="store_true", help="allow a --host other than loopback without an API key "
+                   "(anyone who reaches the address can use the API)")
     p.set_defaults(func=run)
 
 
@@ -45,9 +58,17 @@ def run(args) -> int:
         raise ConfigError("vitkit serve needs FastAPI and uvicorn: pip install 'vitkit[serve]'") from None
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
-    from ..serve import create_app
+    from ..serve import create_app, is_loopback
     from .common import load_backend
 
+    api_keys = _api_keys(args)  # like the port, refused before the (slow) model load
+    if api_keys is None and not is_loopback(args.host):
+        if not args.insecure:
+            raise ConfigError(f"--host {args.host} lets other machines reach the server, and it has no API key: "
+                              "set VITKIT_API_KEY (or --api-key / --api-key-file), or pass --insecure to serve "
+                              "without one")
+        print(f"vitkit serve: warning: no API key on --host {args.host}: anyone who can reach this address can "
+              "use the API (--insecure)", file=sys.stderr, flush=True)
     _check_port(args.host, args.port)  # before the (slow) model load, and instead of uvicorn's log line
 
     model = load_backend(args.checkpoint, args.backend)  # loaded once, before the port opens
@@ -55,13 +76,29 @@ def run(args) -> int:
     app = create_app(model, name=str(args.checkpoint), backend=backend, max_batch=args.max_batch,
                      batch_timeout_ms=args.batch_timeout_ms, max_upload_mb=args.max_upload_mb,
                      max_pixels=args.max_pixels, request_timeout_s=args.timeout_s, upload_timeout_s=args.timeout_s,
-                     index=args.index, default_top_k=args.top_k)
-    print(f"vitkit serve: {args.checkpoint} at http://{args.host}:{args.port}/  (API docs: /docs; Ctrl-C or "
-          "SIGTERM stops it after the requests in flight)", flush=True)
+                     index=args.index, default_top_k=args.top_k, api_keys=api_keys)
+    keys = "no API key" if api_keys is None else f"{len(api_keys)} API key{'s' if len(api_keys) > 1 else ''}"
+    print(f"vitkit serve: {args.checkpoint} at http://{args.host}:{args.port}/  ({keys}; API schema: /openapi.json; "
+          "Ctrl-C or SIGTERM stops it after the requests in flight)", flush=True)
     # uvicorn's SIGTERM/SIGINT handling stops accepting, lets in-flight requests finish (up to the grace
     # period), then runs the app's shutdown, which drains the batch queues
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout_s)
     return 0
+
+
+def _api_keys(args) -> tuple[str, ...] | None:
+    """The keys the server accepts: --api-key (else $VITKIT_API_KEY, unless empty) and those of --api-key-file;
+    None when there are none (no key needed)."""
+    from ..serve import KEY_ENV, check_key, read_key_file
+
+    keys: list[str] = []
+    if args.api_key is not None:
+        keys.append(check_key(args.api_key, "--api-key"))
+    elif os.environ.get(KEY_ENV):
+        keys.append(check_key(os.environ[KEY_ENV], KEY_ENV))
+    if args.api_key_file is not None:
+        keys += read_key_file(args.api_key_file)
+    return tuple(dict.fromkeys(keys)) or None
 
 
 def _check_port(host: str, port: int) -> None:

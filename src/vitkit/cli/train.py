@@ -46,7 +46,9 @@ def register(sub) -> None:
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
                    help="with more than one process (torchrun): ddp (default) replicates the model; fsdp shards "
                    "weights, gradients and AdamW state (`vitkit cost MODEL --train-memory` compares them)")
-    p.add_argument("--list-recipes", action="store_true", help="print the presets with their commands and targets")
+    p.add_argument("--list-recipes", nargs="?", const="", default=None, metavar="NAME",
+                   help="print the presets: a table with each one's command and the gist of its target; with NAME "
+                   "(or -v) the full target and measurements; --json gives them all")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines (the final line "
                    "with the report path still prints)")
     add_json(p)
@@ -131,21 +133,58 @@ def canonical_command(recipe, out: str, finetune: str | None) -> str:
     return " ".join(shlex.quote(p) for p in [*parts, "--out", out])
 
 
+def _gist(text: str) -> str:
+    """The head of a preset's `expected` text: asides in parentheses dropped, up to the first ';' or '. '."""
+    import re
+
+    while re.search(r"\([^()]*\)", text):  # innermost first: asides nest
+        text = re.sub(r"\s*\([^()]*\)", "", text)
+    return re.split(r";\s|\.\s", text, maxsplit=1)[0].strip()
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` cut at a word boundary to `width` characters, an ellipsis marking the cut."""
+    if len(text) <= width:
+        return text
+    return text[: width - 1].rsplit(" ", 1)[0].rstrip(" ,:") + "…"
+
+
+def list_recipes(args) -> int:
+    """`--list-recipes`: two lines per preset (name and the gist of its target; task and command); `NAME` or
+    -v: the full text, which runs to several sentences of measurements; --json: every field."""
+    import textwrap
+
+    from ..training.recipes import PRESETS, get_recipe
+    from .common import console
+
+    wanted = [get_recipe(args.list_recipes)] if args.list_recipes else list(PRESETS.values())
+    rows = [{"name": r.name, "task": r.task, "command": r.command, "model": r.model, "data": r.data,
+             "epochs": r.epochs, "expected": r.expected} for r in wanted]
+    width = console().width
+    if getattr(args, "json", False):
+        emit(args, rows[0] if args.list_recipes else rows, lambda d: None)
+    elif args.list_recipes or getattr(args, "verbose", False):
+        for row in rows:
+            print(f"{row['name']} ({row['task']})\n  command:  {row['command']}\n"
+                  f"  model:    {row['model'] or 'from --finetune'} on {row['data']}, {row['epochs']} epochs")
+            print(textwrap.fill(row["expected"], width=max(width, 40), initial_indent="  expected: ",
+                                subsequent_indent=" " * 12, break_long_words=False, break_on_hyphens=False) + "\n")
+    else:  # two lines a preset, each within the terminal: the target's gist, then the task and the command
+        name_w, task_w = max(len(r["name"]) for r in rows), max(len(r["task"]) for r in rows)
+        gist_w = max(width - name_w - 2, 30)
+        print(f"{'recipe':<{name_w}}  target (`vitkit train --list-recipes NAME` says it in full)\n"
+              f"  {'task':<{task_w}}  command")
+        for row in rows:
+            print(f"{row['name']:<{name_w}}  {_fit(_gist(row['expected']), gist_w)}\n"
+                  f"  {row['task']:<{task_w}}  {row['command']}")
+    return 0
+
+
 def run(args) -> int:
-    from ..training.recipes import PRESETS
     from ..training.trainer import train
 
-    if args.list_recipes:
-        rows = [{"name": r.name, "command": r.command, "expected": r.expected} for r in PRESETS.values()]
-
-        def render(rs):
-            from .common import print_table
-
-            print_table("recipes", ["name", "command", "expected"], [(r["name"], r["command"], r["expected"]) for r in rs],
-                        justify=["left"] * 3)
-
-        emit(args, rows, render)
-        return 0
+    if args.list_recipes is not None:
+        return list_recipes(args)
     recipe, finetune = resolve_recipe(args)
     out = args.out or default_out(recipe, finetune)
     summary = train(recipe, out, resume=args.resume, finetune=finetune, strict=args.strict,

@@ -5,13 +5,21 @@ float tensors [C, H, W] at the model's input size with the model's channel count
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import logging
 import math
+import types
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from PIL import Image
 from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2 import functional as TF
+
+from ..errors import ConfigError
 
 _INTERP = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
            "nearest": InterpolationMode.NEAREST}
@@ -117,9 +125,14 @@ def eval_transform(pre) -> v2.Compose:
     ])
 
 
-def train_transform(pre, recipe, src_size: tuple[int, int] | None = None) -> v2.Compose:
+def train_transform(pre, recipe, src_size: tuple[int, int] | None = None,
+                    color_jitter: tuple[float, ...] | None = None) -> v2.Compose:
     """Augmentations named by the recipe: crop (rrc | pad | none), flip, RandAugment / TrivialAugment,
-    then normalisation and RandomErasing."""
+    then normalisation and RandomErasing. `recipe` is a training Recipe or any object with its augmentation
+    fields (crop, crop_scale, crop_padding, hflip, auto_augment, ra_num_ops, ra_magnitude, reprob).
+
+    `color_jitter` (brightness, contrast, saturation[, hue] factors, after the auto-augment as in timm) is
+    not a recipe field: only `create_transform` sets it, for timm's default jitter."""
     h, w = _size(pre)
     interp = _INTERP.get(pre.interpolation, InterpolationMode.BICUBIC)
     ops: list = [v2.ToImage(), *_channels(pre.input_size[0])]
@@ -138,11 +151,243 @@ def train_transform(pre, recipe, src_size: tuple[int, int] | None = None) -> v2.
         ops.append(v2.RandAugment(num_ops=recipe.ra_num_ops, magnitude=recipe.ra_magnitude, interpolation=aug_interp))
     elif recipe.auto_augment == "trivial":
         ops.append(v2.TrivialAugmentWide(interpolation=aug_interp))
+    if color_jitter is not None and any(color_jitter):
+        ops.append(v2.ColorJitter(*color_jitter))
     ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pre.mean), list(pre.std))]
     if recipe.reprob:
         ops.append(v2.RandomErasing(p=recipe.reprob, value=0))
     return v2.Compose(ops)
 
+
+# ----------------------------------------------------------------------------------- timm's data API
+# timm's defaults (timm.data.constants) for what neither the arguments nor the model say
+TIMM_DEFAULT_CROP_PCT = 0.875
+TIMM_DEFAULT_CROP_MODE = "center"
+TIMM_DEFAULT_INTERPOLATION = "bicubic"
+TIMM_DEFAULT_SIZE = 224
+TIMM_DEFAULT_SCALE = (0.08, 1.0)  # RandomResizedCrop's area range
+TIMM_DEFAULT_RATIO = (3 / 4, 4 / 3)  # and aspect-ratio range (torchvision's own default too)
+DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+AUTO_AUGMENTS = ("rand", "trivial")  # the recipes' auto-augment policies (torchvision's)
+# timm create_transform options vitkit's pipelines do not have, each with the value that switches it off in
+# timm; any other value is refused rather than ignored
+_TIMM_OFF_VALUES = {
+    "vflip": 0.0, "color_jitter_prob": None, "grayscale_prob": 0.0, "gaussian_blur_prob": 0.0, "re_count": 1,
+    "re_num_splits": 0, "crop_border_pixels": None, "tf_preprocessing": False, "use_prefetcher": False,
+    "normalize": True, "separate": False, "naflex": False, "patchify": False,
+}
+# accepted for timm's signature; they only mean something with the NaFlex / patchify options refused above
+_TIMM_PATCHIFY_OPTIONS = ("patch_size", "max_seq_len", "patchify_channels_last", "patchify_flatten")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """A resolved data config as an object: the `pre` that eval_transform / train_transform read (a model's
+    Preprocess has the same fields, less crop_mode)."""
+
+    input_size: tuple[int, int, int]
+    interpolation: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float
+    crop_mode: str = TIMM_DEFAULT_CROP_MODE
+
+
+def _config_source(pretrained_cfg, model) -> dict:
+    """timm's pretrained_cfg keys from what the caller gave: a pretrained_cfg dict, a vitkit Preprocess (or
+    anything with its fields), else the model's own: a vitkit model's (or ONNX runner's) `preprocess`, a timm
+    model's `pretrained_cfg`."""
+    source = pretrained_cfg
+    if not source and model is not None:
+        source = getattr(model, "preprocess", None) or getattr(model, "pretrained_cfg", None)
+    if not source:
+        return {}
+    if isinstance(source, Mapping):
+        return dict(source)
+    if hasattr(source, "input_size") and hasattr(source, "mean"):  # a Preprocess or a DataConfig
+        return {k: getattr(source, k, None) for k in DATA_CONFIG_KEYS}
+    raise ConfigError(f"pretrained_cfg must be a dict or a Preprocess, got {type(source).__name__}")
+
+
+def _per_channel(name: str, values, in_chans: int) -> tuple[float, ...]:
+    values = tuple(float(v) for v in values)
+    if len(values) == 1:
+        return values * in_chans
+    if len(values) != in_chans:
+        raise ConfigError(f"{name} has {len(values)} values for {in_chans} input channels (give 1 or {in_chans})")
+    return values
+
+
+def resolve_data_config(args=None, pretrained_cfg=None, model=None, use_test_size: bool = False,
+                        verbose: bool = False) -> dict:
+    """timm's `resolve_data_config`, with its arguments and rules: {input_size, interpolation, mean, std,
+    crop_pct, crop_mode} for `create_transform(**config)`.
+
+    Each value comes from `args` (a dict or argparse namespace with timm's keys: input_size, img_size,
+    in_chans/chans, interpolation, mean, std, crop_pct, crop_mode) when given there, else from
+    `pretrained_cfg` (a timm pretrained_cfg dict or a vitkit Preprocess), else from the model (a vitkit
+    model's `preprocess`, a timm model's `pretrained_cfg`), else timm's default. `use_test_size` takes a
+    pretrained_cfg's test_input_size / test_crop_pct when it has them.
+    """
+    if model is None and not args and not pretrained_cfg:
+        raise ConfigError("resolve_data_config needs a model, args or pretrained_cfg (as timm's does)")
+    args = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
+    source = _config_source(pretrained_cfg, model)
+    in_chans = next((args[k] for k in ("in_chans", "chans") if args.get(k) is not None), 3)
+
+    if args.get("input_size") is not None:
+        if not isinstance(args["input_size"], (tuple, list)) or len(args["input_size"]) != 3:
+            raise ConfigError(f"input_size must be (channels, height, width), got {args['input_size']!r}")
+        input_size = tuple(int(v) for v in args["input_size"])
+        in_chans = input_size[0]  # input_size overrides in_chans, as in timm
+    elif args.get("img_size") is not None:
+        if not isinstance(args["img_size"], int):
+            raise ConfigError(f"img_size must be one whole number (input_size takes (C, H, W)), got {args['img_size']!r}")
+        input_size = (in_chans, args["img_size"], args["img_size"])
+    elif use_test_size and source.get("test_input_size") is not None:
+        input_size = tuple(source["test_input_size"])
+    elif source.get("input_size") is not None:
+        input_size = tuple(source["input_size"])
+    else:
+        input_size = (in_chans, TIMM_DEFAULT_SIZE, TIMM_DEFAULT_SIZE)
+
+    from ..models.config import IMAGENET_MEAN, IMAGENET_STD
+
+    stats = {}
+    for key, default in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
+        if args.get(key) is not None:
+            stats[key] = _per_channel(key, args[key], in_chans)
+        else:
+            stats[key] = tuple(source.get(key) or default)
+
+    if args.get("crop_pct"):
+        crop_pct = args["crop_pct"]
+    elif use_test_size and source.get("test_crop_pct"):
+        crop_pct = source["test_crop_pct"]
+    else:
+        crop_pct = source.get("crop_pct") or TIMM_DEFAULT_CROP_PCT
+
+    config = {
+        "input_size": input_size,
+        "interpolation": args.get("interpolation") or source.get("interpolation") or TIMM_DEFAULT_INTERPOLATION,
+        "mean": stats["mean"], "std": stats["std"], "crop_pct": crop_pct,
+        "crop_mode": args.get("crop_mode") or source.get("crop_mode") or TIMM_DEFAULT_CROP_MODE,
+    }
+    if verbose:
+        logging.getLogger(__name__).info("data config: %s", ", ".join(f"{k}={v}" for k, v in config.items()))
+    return config
+
+
+def _refuse(option: str, why: str) -> NoReturn:
+    raise ConfigError(f"create_transform: {option} {why}")
+
+
+def _check_timm_options(options: dict) -> None:
+    """Refuse the timm options vitkit's pipelines do not implement, unless they hold timm's 'off' value."""
+    for name, value in options.items():
+        if name in _TIMM_PATCHIFY_OPTIONS:
+            continue
+        if name not in _TIMM_OFF_VALUES:
+            raise TypeError(f"create_transform() got an unexpected keyword argument {name!r}")
+        if value != _TIMM_OFF_VALUES[name]:
+            _refuse(f"{name}={value!r}", f"is not supported by vitkit's transforms (only timm's default, "
+                    f"{_TIMM_OFF_VALUES[name]!r}); build that pipeline with timm itself")
+
+
+def _interpolation(name: str) -> str:
+    if name not in _INTERP:
+        _refuse(f"interpolation={name!r}", f"is not one of vitkit's: {', '.join(_INTERP)}")
+    return name
+
+
+def _color_jitter(color_jitter) -> tuple[float, ...] | None:
+    """timm's color_jitter argument as ColorJitter factors: a scalar is (s, s, s) (no hue)."""
+    if color_jitter is None:
+        return None
+    if isinstance(color_jitter, (tuple, list)):
+        if len(color_jitter) not in (3, 4):
+            _refuse(f"color_jitter={color_jitter!r}", "needs 3 (brightness, contrast, saturation) or 4 (and hue) values")
+        return tuple(float(v) for v in color_jitter)
+    return (float(color_jitter),) * 3
+
+
+def _recipe_augmentation(scale, ratio, hflip, auto_augment, re_prob, re_mode, train_crop_mode):
+    """timm's training arguments as the recipe fields `train_transform` reads; what a recipe cannot express
+    is refused."""
+    if train_crop_mode not in (None, "rrc"):
+        _refuse(f"train_crop_mode={train_crop_mode!r}", "is not a recipe crop: vitkit trains with 'rrc' "
+                "(RandomResizedCrop)")
+    scale = tuple(scale or TIMM_DEFAULT_SCALE)
+    if len(scale) != 2 or scale[1] != 1.0 or not 0 < scale[0] <= 1:
+        _refuse(f"scale={scale!r}", "must be (min_area, 1.0) with 0 < min_area <= 1: the recipe's "
+                "RandomResizedCrop always allows the whole image")
+    if ratio is not None and tuple(ratio) != TIMM_DEFAULT_RATIO:
+        _refuse(f"ratio={tuple(ratio)!r}", "is not the recipe's aspect-ratio range (3/4, 4/3)")
+    if auto_augment and auto_augment not in AUTO_AUGMENTS:
+        _refuse(f"auto_augment={auto_augment!r}", "is not one of the recipes' policies: 'rand' (torchvision's "
+                "RandAugment, 2 ops at magnitude 9 of 30) or 'trivial' (TrivialAugmentWide); timm's policy "
+                "strings (rand-m9-mstd0.5, augmix, ...) have no vitkit equivalent")
+    if re_mode != "const":
+        _refuse(f"re_mode={re_mode!r}", "is not the recipe's RandomErasing: it erases to 0 (timm's 'const')")
+    return types.SimpleNamespace(crop="rrc", crop_scale=float(scale[0]), crop_padding=0, hflip=float(hflip),
+                                 auto_augment=auto_augment or None, ra_num_ops=2, ra_magnitude=9,
+                                 reprob=float(re_prob))
+
+
+def create_transform(input_size=TIMM_DEFAULT_SIZE, is_training: bool = False, no_aug: bool = False,
+                     train_crop_mode: str | None = None, scale=None, ratio=None, hflip: float = 0.5,
+                     color_jitter=0.4, auto_augment: str | None = None, interpolation: str = "bilinear",
+                     mean=None, std=None, re_prob: float = 0.0, re_mode: str = "const",
+                     crop_pct: float | None = None, crop_mode: str | None = None,
+                     **timm_options) -> v2.Compose:
+    """timm's `create_transform`, with its argument names: `create_transform(**resolve_data_config(model=m))`.
+
+    - eval (is_training=False): timm's eval transform exactly (`eval_transform`): resize so that the
+      `crop_pct` centre crop fills `input_size` (crop_mode center | squash | border), crop, [0, 1], normalise.
+      Equal to timm's tensor on PIL images (to float rounding).
+    - is_training=True, no_aug=True: timm's no-augmentation training transform (resize, centre crop).
+    - is_training=True: vitkit's recipe augmentation (`train_transform`): RandomResizedCrop with `scale`,
+      horizontal flip `hflip`, `auto_augment` 'rand' or 'trivial', RandomErasing `re_prob`, and timm's
+      ColorJitter `color_jitter` when no auto-augment is on. Random, so not timm's pixels.
+
+    `input_size` is (C, H, W), (H, W) or one side; mean/std default to ImageNet's. timm options vitkit does
+    not implement (vflip, NaFlex, prefetcher, ...) are refused with a ConfigError unless they are off.
+    """
+    _check_timm_options(timm_options)
+    from ..models.config import IMAGENET_MEAN, IMAGENET_STD
+
+    mean, std = tuple(mean or IMAGENET_MEAN), tuple(std or IMAGENET_STD)
+    sizes = tuple(input_size) if isinstance(input_size, (tuple, list)) else (int(input_size),) * 2
+    if len(sizes) not in (2, 3):
+        _refuse(f"input_size={input_size!r}", "must be (C, H, W), (H, W) or one side")
+    channels = sizes[0] if len(sizes) == 3 else len(mean)
+    if channels not in (1, 3):
+        _refuse(f"input_size={input_size!r}", f"has {channels} channels; vitkit's transforms make 1 or 3")
+    height, width = sizes[-2:]
+    if crop_mode is not None and crop_mode not in CROP_MODES:
+        _refuse(f"crop_mode={crop_mode!r}", f"is not one of {', '.join(CROP_MODES)}")
+
+    if is_training and no_aug:
+        # timm's transforms_noaug_train: Resize(img_size) then CenterCrop: a (H, W) size is resized to
+        # exactly (squash), one side scales the shorter side (center)
+        one_side = not isinstance(input_size, (tuple, list))
+        config = DataConfig((channels, height, width), _interpolation(
+            "bilinear" if interpolation == "random" else interpolation), mean, std, 1.0,
+            "center" if one_side else "squash")
+        return eval_transform(config)
+    if not is_training:
+        config = DataConfig((channels, height, width), _interpolation(interpolation), mean, std,
+                            crop_pct or TIMM_DEFAULT_CROP_PCT, crop_mode or TIMM_DEFAULT_CROP_MODE)
+        return eval_transform(config)
+    if interpolation == "random":
+        _refuse("interpolation='random'", "(timm's per-image choice) is not in the recipe augmentation: pass "
+                "'bicubic' or 'bilinear'")
+    config = DataConfig((channels, height, width), _interpolation(interpolation), mean, std,
+                        crop_pct or TIMM_DEFAULT_CROP_PCT)
+    recipe = _recipe_augmentation(scale, ratio, hflip, auto_augment, re_prob, re_mode, train_crop_mode)
+    # timm switches the jitter off when an auto-augment policy runs
+    jitter = None if auto_augment else _color_jitter(color_jitter)
+    return train_transform(config, recipe, color_jitter=jitter)
 
 def batch_mixer(recipe, num_classes: int):
     """MixUp / CutMix on a batch (one of them per batch), or None. Targets become soft [B, K]."""
@@ -158,6 +403,21 @@ def batch_mixer(recipe, num_classes: int):
 
 # how much larger than the model's input an image may be (shorter-side ratio) before `conversion_note` says so
 LARGE_INPUT_RATIO = 4.0
+# how much the eval resize may enlarge an image before `conversion_note` says so: beyond it the model sees
+# interpolation blur, not detail (a 5x5 icon into a 224 px model is enlarged ~50x)
+UPSCALE_NOTE_RATIO = 4.0
+
+
+def upscale_factor(image_wh: tuple[int, int], pre) -> float:
+    """How many times the eval transform enlarges an image of `image_wh` (width, height): the larger of the
+    two side ratios of `eval_resize_size` (below 1 when it shrinks)."""
+    w, h = (int(v) for v in image_wh)
+    new_h, new_w = eval_resize_size((h, w), pre)
+    return max(new_h / h, new_w / w)
+
+
+def _likewise(count: int) -> str:
+    return f"{count} more image{'s' if count > 1 else ''} likewise" if count else ""
 
 
 def conversion_note(pre, sources, trained_on: str | None = None) -> str | None:
@@ -165,15 +425,25 @@ def conversion_note(pre, sources, trained_on: str | None = None) -> str | None:
 
     `sources` are (name, (width, height, channels, mode) or None) pairs (`data.images.image_source`). An
     image counts when its channel count differs from the model's or it is more than LARGE_INPUT_RATIO times
-    the model's input on both sides (a photo into a 28x28 model); matching data gives no note.
+    the model's input on both sides (a photo into a 28x28 model), and, in a second clause of the same line,
+    when the eval resize enlarges it more than UPSCALE_NOTE_RATIO times; matching data gives no note.
     """
     c, h, w = (int(v) for v in pre.input_size)
-    odd = [(name, s) for name, s in sources
-           if s is not None and (s[2] != c or min(s[0] / w, s[1] / h) > LARGE_INPUT_RATIO)]
-    if not odd:
-        return None
-    name, (sw, sh, sc, _) = odd[0]
-    more = f"; {len(odd) - 1} more image{'s' if len(odd) > 2 else ''} likewise" if len(odd) > 1 else ""
-    on = f" on {trained_on}" if trained_on else ""
-    return (f"note: images are converted to {c}-channel {h}x{w} as the model was trained{on} "
-            f"({Path(str(name)).name} was {sw}x{sh} {'RGB' if sc == 3 else 'grayscale'}{more})")
+    known = [(Path(str(name)).name, s) for name, s in sources if s is not None]
+    odd = [(name, s) for name, s in known if s[2] != c or min(s[0] / w, s[1] / h) > LARGE_INPUT_RATIO]
+    small = [(name, s, factor) for name, s in known
+             if (factor := upscale_factor(s[:2], pre)) > UPSCALE_NOTE_RATIO]
+    clauses = []
+    if odd:
+        name, (sw, sh, sc, _) = odd[0]
+        more = f"; {_likewise(len(odd) - 1)}" if len(odd) > 1 else ""
+        on = f" on {trained_on}" if trained_on else ""
+        clauses.append(f"images are converted to {c}-channel {h}x{w} as the model was trained{on} "
+                       f"({name} was {sw}x{sh} {'RGB' if sc == 3 else 'grayscale'}{more})")
+    if small:
+        name, (sw, sh, _, _), factor = small[0]
+        more = f" ({_likewise(len(small) - 1)})" if len(small) > 1 else ""
+        times = f"{factor:.0f}" if factor >= 10 else f"{factor:.1f}"  # 50x, but 4.1x (not 4x) near the limit
+        clauses.append(f"{name} is {sw}x{sh} px, upscaled {times}x to the model's {h}x{w} input; "
+                       f"predictions on images this small are unreliable{more}")
+    return f"note: {'; '.join(clauses)}" if clauses else None

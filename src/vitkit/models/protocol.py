@@ -1,7 +1,9 @@
 """The model protocol: what the trainer, save/load, export, explain, bench and the CLI may rely on.
 
-Every registered family implements it (VisionTransformer, ResNet). Capabilities only some families have
-are named in `capabilities` and checked with `require`, which refuses with one line.
+Every registered family implements it (VisionTransformer, SwinTransformer, ResNet, ClipModel), the feature
+contract of models/features.py included (`feature_info`, `forward_intermediates`, `output_fmts`).
+Capabilities only some families have are named in `capabilities` and checked with `require`, which refuses
+with one line.
 """
 from __future__ import annotations
 
@@ -30,12 +32,19 @@ class VitkitModel(Protocol):
     num_features: int  # width of forward_head(pre_logits=True)
     head_names: tuple[str, ...]  # classifier modules: re-initialised for new classes, own LR when fine-tuning
     capabilities: frozenset[str]
+    output_fmts: tuple[str, ...]  # the layouts forward_intermediates gives ("NCHW" always)
     # declared in __init__ (torchvision's weight metadata): how inputs are prepared, labels, where from
     preprocess: Preprocess
     class_names: list[str] | None
     provenance: dict[str, Any]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    # the feature contract (models/features.py): maps for dense heads, described by feature_info
+    @property
+    def feature_info(self) -> list[dict]: ...
+
+    def forward_intermediates(self, x: torch.Tensor, indices=None, **kwargs): ...
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor: ...
 

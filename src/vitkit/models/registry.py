@@ -3,7 +3,9 @@
 A family is a model class plus its typed config (`vit`: VisionTransformer + ViTConfig; `resnet`: ResNet +
 ResNetConfig). A registered name is a family, a default config and the preprocessing and pretrained weights
 that go with it, so `entry.build(**overrides)` is the whole recipe for a model. A new family is one new
-module that calls `register_family` and `register_model` (see models/resnet.py); nothing shared changes.
+module that calls `register_family` and `register_model` (see models/resnet.py); nothing shared changes. Its
+model keeps the protocol (models/protocol.py), the feature contract included (models/features.py), which
+tests/test_feature_contract.py checks for every family registered here.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from torchvision.models import resnet as tv_resnet
 
 from ..errors import ConfigError
 from .config import ModelConfig, Preprocess
+from .features import check_output_fmt, feature_take_indices
 from .registry import register_family, register_model
 
 # arch -> (block, layers per stage)
@@ -46,7 +47,8 @@ class ResNetConfig(ModelConfig):
 
 class ResNet(tv_resnet.ResNet):
     head_names = ("fc",)
-    capabilities = frozenset()  # no attention maps, no position table, no closed-form cost
+    capabilities = frozenset({"intermediates"})  # no attention maps, no position table, no closed-form cost
+    output_fmts = ("NCHW",)  # what forward_intermediates gives (models/features.py)
     fits_data = True  # a conv net runs at any size: from scratch it is built at the data's size and channels
 
     def __init__(self, cfg: ResNetConfig | None = None, *, preprocess: Preprocess | None = None,
@@ -73,6 +75,37 @@ class ResNet(tv_resnet.ResNet):
         """[B, C, H, W] -> the last stage's feature map [B, F, H/s, W/s]."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """timm's five maps: the stem's activation, then layer1..layer4 (timm names the stem `act1`,
+        torchvision `relu`). The 7x7/2 stem and max-pool give strides 2, 4, 8, 16, 32; the small stem
+        (3x3/1, no pool) 1, 1, 2, 4, 8."""
+        block, _ = ARCHS[self.cfg.arch]
+        stem, pool = (1, 1) if self.cfg.small_stem else (2, 2)
+        info = [dict(num_chs=self.bn1.num_features, reduction=stem, module="relu")]
+        for i in range(4):  # layer1 keeps the stride, each later one halves the map
+            info.append(dict(num_chs=64 * 2 ** i * block.expansion, reduction=stem * pool * 2 ** i,
+                             module=f"layer{i + 1}"))
+        return info
+
+    def forward_intermediates(self, x: torch.Tensor, indices=None, *, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """The maps of `feature_info` that `indices` picks, NCHW (timm's; see models/features.py). A ResNet has
+        no final norm, so `norm` changes nothing. Returns (the last stage's map, maps) unless
+        `intermediates_only`; after `stop_early` the final map is the deepest one run (timm's)."""
+        check_output_fmt(output_fmt, self.output_fmts)
+        take, last = feature_take_indices(len(self.feature_info), indices)
+        x = self.relu(self.bn1(self.conv1(x)))  # [B, 64, H/s, W/s]
+        outs = [x] if 0 in take else []
+        x = self.maxpool(x)
+        for i, layer in enumerate((self.layer1, self.layer2, self.layer3, self.layer4), start=1):
+            if (stop_early or intermediates_only) and i > last:  # nothing later is returned
+                break
+            x = layer(x)  # [B, F_i, h, w]
+            if i in take:
+                outs.append(x)
+        return outs if intermediates_only else (x, outs)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         feats = torch.flatten(self.avgpool(x), 1)  # [B, F]

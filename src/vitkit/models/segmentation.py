@@ -1,10 +1,11 @@
 """Semantic segmentation on any family: backbone feature maps -> a pyramid -> a light FPN head -> per-pixel logits.
 
-Where the maps come from (`backbone_maps`):
-- a plain ViT (or any model with `forward_intermediates` and one resolution): the last block's map (stride p,
+The maps come from the feature contract alone (`feature_info` + `forward_intermediates`, models/features.py),
+so the head never asks which family it holds (`pyramid_indices`, `backbone_maps`):
+- a plain backbone (every map at one stride: a ViT, a hybrid, a CLIP image tower): its last map (stride p,
   the patch), made into strides 4, 8, 16, 32 by ViTDet's simple feature pyramid (layers/pyramid.py);
-- a hierarchical model with `feature_pyramid` (Swin): its stage outputs, already a pyramid;
-- a ResNet: the outputs of layer1..layer4.
+- a hierarchical backbone (Swin's stages, a ResNet's layer1..layer4): the deepest map at each stride, the
+  last four of them (FPN's levels), already a pyramid.
 
 The head (`SegmentationHead`, the semantic branch of Panoptic FPN made small): every level is projected to
 `dim` channels (hierarchical maps: Conv1x1 + LayerNorm2d; a plain map: the simple pyramid does it), a
@@ -22,36 +23,40 @@ from ..errors import ConfigError
 from ..layers.pyramid import SCALES, LayerNorm2d, SimpleFeaturePyramid, scales_for
 from .protocol import require
 
+PYRAMID_LEVELS = 4  # FPN's strides 4, 8, 16, 32 for a stride-4 finest level
+
+
+def _feature_info(model: nn.Module) -> list[dict]:
+    require(model, "intermediates", "a segmentation head")
+    return model.feature_info
+
 
 def is_plain(model: nn.Module) -> bool:
-    """True when the model gives one map (a ViT's tokens), False for a ready pyramid (Swin, ResNet)."""
-    return not hasattr(model, "feature_pyramid") and getattr(model, "family", None) != "resnet"
+    """True when every map the model gives has one stride (a ViT's blocks), False for a pyramid (Swin, ResNet)."""
+    return len({e["reduction"] for e in _feature_info(model)}) == 1
+
+
+def pyramid_indices(model: nn.Module) -> list[int]:
+    """The `feature_info` indices the head reads, finest first: a plain model's last map; otherwise the
+    deepest map at each stride, the coarsest `PYRAMID_LEVELS` of them (a ResNet's stem shares layer1's stride
+    with the small stem and is finer than stride 4 with the standard one: it is not a level)."""
+    info = _feature_info(model)
+    deepest = {e["reduction"]: i for i, e in enumerate(info)}  # later entries win: the deepest per stride
+    return sorted(deepest.values())[-PYRAMID_LEVELS:]
 
 
 def backbone_widths(model: nn.Module) -> list[int]:
     """Channels of each map `backbone_maps` returns (one entry for a plain model)."""
-    if hasattr(model, "feature_pyramid"):  # Swin: stage i has embed_dim * 2**i channels
-        return [model.cfg.embed_dim * 2 ** i for i in range(len(model.cfg.depths))]
-    if getattr(model, "family", None) == "resnet":
-        last = [getattr(model, f"layer{i}")[-1] for i in range(1, 5)]
-        return [(blk.bn3 if hasattr(blk, "bn3") else blk.bn2).num_features for blk in last]
-    require(model, "intermediates", "a segmentation head")
-    return [int(getattr(model, "embed_dim", None) or model.cfg.embed_dim)]
+    info = _feature_info(model)
+    return [info[i]["num_chs"] for i in pyramid_indices(model)]
 
 
 def backbone_maps(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """NCHW feature maps of `x` [B, C, H, W], finest first (see the module docstring)."""
-    if hasattr(model, "feature_pyramid"):
-        return model.feature_pyramid(x)
-    if getattr(model, "family", None) == "resnet":
-        x = model.maxpool(model.relu(model.bn1(model.conv1(x))))
-        maps = []
-        for i in range(1, 5):
-            x = getattr(model, f"layer{i}")(x)
-            maps.append(x)
-        return maps
-    require(model, "intermediates", "a segmentation head")
-    return model.forward_intermediates(x, indices=1, intermediates_only=True)  # [[B, D, Gh, Gw]]
+    """NCHW feature maps of `x` [B, C, H, W], finest first (see the module docstring). A plain map is taken
+    before the final norm (ViTDet's); a pyramid's last map after it, as the classifier sees it (the final norm
+    is sized for the last stage only)."""
+    return model.forward_intermediates(x, indices=pyramid_indices(model), norm=not is_plain(model),
+                                       intermediates_only=True)
 
 
 class SegmentationHead(nn.Module):
@@ -84,8 +89,7 @@ class SegmentationHead(nn.Module):
         """A head for `model`'s maps; a plain model's pyramid has strides 4, 8, 16, 32 from its patch stride."""
         widths, plain = backbone_widths(model), is_plain(model)
         if plain and "scales" not in kw:
-            stride = getattr(model, "feature_stride", None) or model.cfg.patch_size
-            kw["scales"] = scales_for(stride)
+            kw["scales"] = scales_for(model.feature_info[-1]["reduction"])
         return cls(widths, num_classes, dim, plain=plain, **kw)
 
     def forward(self, maps: list[torch.Tensor], size: tuple[int, int]) -> torch.Tensor:

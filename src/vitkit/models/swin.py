@@ -31,6 +31,7 @@ from ..layers.window_attention import (
     window_reverse,
 )
 from .config import IMAGENET_MEAN, IMAGENET_STD, ModelConfig, Preprocess
+from .features import check_output_fmt, feature_take_indices
 from .registry import Pretrained, register_family, register_model
 
 
@@ -190,6 +191,7 @@ class ClassifierHead(nn.Module):
 class SwinTransformer(nn.Module):
     head_names = ("head",)
     capabilities = frozenset({"intermediates"})
+    output_fmts = ("NCHW", "NHWC")  # what forward_intermediates gives (models/features.py)
 
     def __init__(self, cfg: SwinConfig | None = None, *, preprocess: Preprocess | None = None,
                  class_names=None, provenance=None, **overrides):
@@ -232,38 +234,38 @@ class SwinTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def forward_intermediates(self, x: torch.Tensor, indices=None, norm: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False):
-        """Per-stage maps (the feature pyramid, strides 4, 8, 16, 32 for patch 4), NCHW or NHWC.
+    @property
+    def feature_info(self) -> list[dict]:
+        """One entry per stage (timm's): stage i has embed_dim * 2**i channels at stride patch_size * 2**i."""
+        return [dict(num_chs=self.cfg.embed_dim * 2 ** i, reduction=self.cfg.patch_size * 2 ** i, module=f"layers.{i}")
+                for i in range(len(self.layers))]
+
+    def forward_intermediates(self, x: torch.Tensor, indices=None, *, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """Per-stage maps (the feature pyramid, strides 4, 8, 16, 32 for patch 4), NCHW (timm's) or NHWC (the
+        layout the stages run in); see models/features.py for the contract.
 
         indices: an int n takes the last n stages; a list takes those stage indices (negatives allowed).
-        `norm` applies the final norm to the last stage's map. Returns (final NHWC features, maps) unless
-        `intermediates_only`."""
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ConfigError("output_fmt must be 'NCHW' or 'NHWC'")
+        `norm` applies the final norm to the last stage's map (the only one it is sized for). Returns (final
+        NHWC features, maps) unless `intermediates_only`; after `stop_early` before the last stage the final
+        features are that stage's, un-normed (timm's)."""
+        check_output_fmt(output_fmt, self.output_fmts)
         n = len(self.layers)
-        take = (list(range(n)) if indices is None else list(range(n - indices, n)) if isinstance(indices, int)
-                else [i if i >= 0 else n + i for i in indices])
-        if any(i < 0 or i >= n for i in take):
-            raise ConfigError(f"stage indices {indices} out of range for {n} stages")
-        x = self.patch_embed(x)
+        take, last = feature_take_indices(n, indices)
+        x = self.patch_embed(x)  # [B, H/p, W/p, C]
         outs = []
+        deepest = -1  # the last stage run
         for i, stage in enumerate(self.layers):
-            x = stage(x)
+            if (stop_early or intermediates_only) and i > last:  # nothing later is returned
+                break
+            x = stage(x)  # [B, h, w, C_i]
+            deepest = i
             if i in take:
                 y = self.norm(x) if norm and i == n - 1 else x
-                outs.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
+                outs.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)  # [B, C_i, h, w]
         if intermediates_only:
             return outs
-        return self.norm(x), outs
-
-    def feature_pyramid(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The stage outputs as a feature pyramid for dense heads: NCHW maps, finest first (strides
-        p, 2p, 4p, 8p: 4, 8, 16, 32 for patch 4); the last one normed, as the classifier sees it."""
-        return self.forward_intermediates(x, norm=True, intermediates_only=True)
-
-    def feature_strides(self) -> list[int]:
-        return [self.cfg.patch_size * 2 ** i for i in range(len(self.layers))]
+        return (self.norm(x) if deepest == n - 1 else x), outs
 
     def adapt_checkpoint(self, sd: dict, source: str = "checkpoint") -> dict[str, torch.Tensor]:
         """Called by weights.load: bias tables saved for another window (or resolution) are resampled."""

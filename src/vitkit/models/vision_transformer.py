@@ -29,6 +29,7 @@ from ..layers import (
 )
 from ..layers.patch_embed import adapt_in_chans, to_2tuple
 from .config import ViTConfig, default_preprocess
+from .features import check_output_fmt, feature_take_indices
 
 log = logging.getLogger("vitkit")
 
@@ -39,6 +40,7 @@ class VisionTransformer(nn.Module):
 
     head_names = ("head", "head_dist")  # classifier modules (re-initialised for new classes, own LR)
     capabilities = frozenset({"attention_maps", "pos_resample", "intermediates", "token_seam"})
+    output_fmts = ("NCHW", "NLC")  # what forward_intermediates gives (models/features.py)
 
     def __init__(self, cfg: ViTConfig | None = None, *, embed_layer=None, mlp_layer=None, preprocess=None,
                  class_names=None, provenance=None, **kwargs):
@@ -245,13 +247,14 @@ class VisionTransformer(nn.Module):
             if self.cfg.is_sincos:
                 grid = self._sincos_table(self.patch_embed.grid_size).to(src.dtype)
                 sd["pos_embed"] = torch.cat([src[:, : self._pos_prefix], grid], dim=1)
-                how = "regenerated the sin-cos"
+                how = "regenerated (sin-cos)"
             else:
                 sd["pos_embed"] = resample_pos_embed(src, self.patch_embed.grid_size, (side, side), self._pos_prefix,
                                                      self.cfg.pos_interpolation, self.cfg.pos_antialias)
                 how = "resampled"
-            log.info("%s: %s position embeddings from %dx%d to %dx%d", source, how, side, side,
-                     *self.patch_embed.grid_size)
+            # said by default, as a re-initialised head is: the model now runs at another resolution
+            log.warning("%s: position embeddings %s %dx%d -> %dx%d for %dx%d px", source, how, side, side,
+                        *self.patch_embed.grid_size, *self.cfg.img_size)
         w = sd.get("patch_embed.proj.weight")
         own_w = self.patch_embed.proj.weight
         if (w is not None and w.ndim == 4 and w.shape[1] != own_w.shape[1] and w.shape[0] == own_w.shape[0]
@@ -429,53 +432,56 @@ class VisionTransformer(nn.Module):
         feats = self.forward_features(x, keep=keep, mask=mask, pos=pos)
         return feats if features else self.forward_head(feats)
 
+    @property
+    def feature_info(self) -> list[dict]:
+        """One entry per block (timm's): every block's map has the width and the patch stride (a hybrid's
+        patch_size is in image pixels, so it is the stride too)."""
+        return [dict(module=f"blocks.{i}", num_chs=self.embed_dim, reduction=self.cfg.patch_size)
+                for i in range(len(self.blocks))]
+
     def forward_intermediates(
         self,
         x: torch.Tensor,
         indices: int | Iterable[int] | None = None,
+        *,
         norm: bool = False,
+        stop_early: bool = False,
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
         return_prefix_tokens: bool = False,
     ):
-        """Outputs of chosen blocks for dense tasks.
+        """Outputs of chosen blocks for dense tasks (timm's, keyword arguments only; see models/features.py).
 
         indices: an int n takes the last n blocks; a list takes those block indices (negatives allowed).
-        Each intermediate is [B, D, Gh, Gw] (NCHW) or [B, Gh*Gw, D] (NLC); with `return_prefix_tokens`
-        each item is a (spatial, prefix [B, P, D]) pair. Returns (final_tokens, intermediates) unless
-        `intermediates_only`.
+        Each intermediate is [B, D, Gh, Gw] (NCHW) or [B, Gh*Gw, D] (NLC), with the final norm when `norm`;
+        with `return_prefix_tokens` each item is a (spatial, prefix [B, P, D]) pair. Returns (final tokens
+        [B, P + N, D], intermediates) unless `intermediates_only`; `stop_early` stops after the last block
+        taken (the final tokens are then that block's, normed, as timm's).
         """
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ConfigError("output_fmt must be 'NCHW' or 'NLC'")
-        depth = len(self.blocks)
-        if indices is None:
-            take = list(range(depth))
-        elif isinstance(indices, int):
-            take = list(range(depth - indices, depth))
-        else:
-            take = [i if i >= 0 else depth + i for i in indices]
-        if any(i < 0 or i >= depth for i in take):
-            raise ConfigError(f"block indices {indices} out of range for depth {depth}")
+        check_output_fmt(output_fmt, self.output_fmts)
+        take, last = feature_take_indices(len(self.blocks), indices)
         gh, gw = self.patch_embed.grid_for(x.shape[-2], x.shape[-1])
         rope = self.rope_table((gh, gw), device=x.device)
         biases = self._block_biases((gh, gw))
         x = self.embed(x)
         outs = []
-        last = max(take) if take else -1
         for i, blk in enumerate(self.blocks):
-            x = blk(x, rope=self.block_rope(rope, i), bias=biases[i])
+            if (stop_early or intermediates_only) and i > last:  # nothing later is returned
+                break
+            r, b = self.block_rope(rope, i), biases[i]
+            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, rope=r, bias=b, use_reentrant=False)
+            else:
+                x = blk(x, rope=r, bias=b)
             if i in take:
                 y = self.norm(x) if norm else x
-                prefix, spatial = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]
+                prefix, spatial = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]  # [B, P, D], [B, N, D]
                 if output_fmt == "NCHW":
-                    spatial = spatial.reshape(y.shape[0], gh, gw, -1).permute(0, 3, 1, 2)  # [B, D, Gh, Gw]
+                    spatial = spatial.reshape(y.shape[0], gh, gw, -1).permute(0, 3, 1, 2).contiguous()  # [B, D, Gh, Gw]
                 outs.append((spatial, prefix) if return_prefix_tokens else spatial)
-            if intermediates_only and i == last:
-                break
         if intermediates_only:
             return outs
         return self.norm(x), outs
-
 
 def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     """[B, C, H, W] -> [B, N, P*P*C] flattened patches in (C, P, P) order (the paper's x_p)."""

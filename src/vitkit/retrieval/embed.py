@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from .._files import atomic_path, atomic_write_text
 from ..data.transforms import eval_transform
 from ..errors import ConfigError, DataError, ImageError
+from ..models.protocol import require
 from .sources import Source, open_source
 
 log = logging.getLogger("vitkit")
@@ -79,26 +80,24 @@ def check_feature(model: nn.Module, feature: str) -> None:
     if feature == "cls" and getattr(getattr(model, "visual", model), "cls_token", None) is None:
         raise ConfigError(f"--feature cls needs a class token; this {getattr(model, 'family', 'model')} model has none "
                           "(use pooled)")
-    if feature == "patch" and getattr(model, "family", None) not in ("vit", "swin", "resnet", "clip"):
-        raise ConfigError(f"--feature patch is not defined for the {getattr(model, 'family', '?')} family")
+    if feature == "patch":  # the feature contract (models/features.py) gives every family's maps
+        require(model, "intermediates", "--feature patch")
 
 
 @torch.no_grad()
 def features_of(model: nn.Module, x: torch.Tensor, feature: str = "pooled", normalize: bool = True) -> torch.Tensor:
-    """Images [B, C, H, W] -> pooled / class-token features [B, D] or patch tokens [B, N, D] (L2-normalised over D)."""
+    """Images [B, C, H, W] -> pooled / class-token features [B, D] or patch tokens [B, N, D] (L2-normalised over D).
+
+    Patch tokens are the last map of the feature contract with the final norm (a ViT's normed patch tokens, a
+    Swin's normed last stage, a ResNet's layer4), one per position in row-major order."""
     if feature == "pooled":  # before the classifier; a CLIP model's is its projected image embedding (encode_image)
         f = model.forward_head(model.forward_features(x), pre_logits=True)  # [B, D]
+    elif feature == "patch":
+        last = model.forward_intermediates(x, indices=1, norm=True, intermediates_only=True)[0]  # [B, F, h, w]
+        f = last.flatten(2).transpose(1, 2)  # [B, h*w, F]
     else:
         tower = getattr(model, "visual", model)  # CLIP keeps its ViT as .visual
-        tokens = tower.forward_features(x)
-        if feature == "cls":
-            f = tokens[:, 0]  # [B, D] after the final norm
-        elif tokens.ndim == 3:  # ViT: [B, P + N, D]
-            f = tokens[:, tower.num_prefix_tokens:]  # [B, N, D]
-        elif getattr(tower, "family", None) == "resnet":  # [B, F, h, w]
-            f = tokens.flatten(2).transpose(1, 2)  # [B, h*w, F]
-        else:  # Swin, NHWC [B, h, w, F]
-            f = tokens.flatten(1, 2)  # [B, h*w, F]
+        f = tower.forward_features(x)[:, 0]  # the class token [B, D] after the final norm
     f = f.float()
     return F.normalize(f, dim=-1) if normalize else f
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections import deque
+from collections.abc import Sequence
+from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ from .._files import atomic_path
 from ..data.images import load_image
 from ..data.transforms import eval_transform
 from ..errors import ConfigError, DataError, ImageError
-from .embed import features_of, model_identity
+from .embed import Embeddings, features_of, model_identity
 from .index import Hit, SearchIndex
 
 
@@ -71,6 +74,75 @@ def hits_json(hits: list[Hit]) -> list[dict[str, Any]]:
     return [{"path": h.path, "score": h.score, "label": h.label, "row": h.row} for h in hits]
 
 
+# ---------------------------------------------------------------------------- queries from the collection
+def item_key(row: dict) -> tuple:
+    """What identifies an embedded item in a manifest: its original path (or `NAME:SPLIT/INDEX`) and the size
+    recorded for it, so a file replaced since by another image is not taken for the same item."""
+    return (row["path"], row.get("bytes"), row.get("width"), row.get("height"))
+
+
+def _same_vectors(a: np.ndarray, b: np.ndarray, batch: int = 65536) -> bool:
+    if a.shape != b.shape:
+        return False
+    return all(np.array_equal(a[i:i + batch], b[i:i + batch]) for i in range(0, len(a), batch))  # memory maps
+
+
+def own_entries(queries: Embeddings, gallery: Embeddings) -> tuple[bool, np.ndarray]:
+    """(whether the queries ARE the gallery collection, [M] the gallery row of each query's own item or -1).
+
+    The same collection: the same folder, the same manifest (item keys in the same order) or the same vectors
+    (a copy moved elsewhere). Otherwise each query is matched to a gallery item with its key; an item listed
+    k times on both sides pairs its k-th query with its k-th gallery row, as leave-one-out would."""
+    n = len(queries.rows)
+    if (queries.path.resolve() == gallery.path.resolve()
+            or [item_key(r) for r in queries.rows] == [item_key(r) for r in gallery.rows]
+            or _same_vectors(queries.vectors, gallery.vectors)):
+        return True, np.arange(n)
+    rows_of: dict[tuple, deque[int]] = {}
+    for j, r in enumerate(gallery.rows):
+        rows_of.setdefault(item_key(r), deque()).append(j)
+    own = np.full(n, -1, dtype=np.int64)
+    for i, r in enumerate(queries.rows):
+        left = rows_of.get(item_key(r))
+        if left:
+            own[i] = left.popleft()
+    return False, own
+
+
+# ---------------------------------------------------------------------------- score labels
+# A float32 cosine of unit vectors is only good to about 1e-6: a self match comes back as 0.99999994 or 1.0000001.
+COSINE_RESOLUTION = 1e-6
+MAX_SCORE_DECIMALS = 6  # scores further apart than COSINE_RESOLUTION always read differently at 6 decimals
+
+
+def _floored(score: float, decimals: int) -> str:
+    if score >= 1 - COSINE_RESOLUTION:  # float32 noise around an exact match
+        score = 1.0
+    step = Decimal(1).scaleb(-decimals)
+    # from the shortest repr, so 0.942 floors to 0.942, not to 0.941 as 0.942 * 1000 = 941.999... would
+    return str(Decimal(repr(float(score))).quantize(step, rounding=ROUND_FLOOR))
+
+
+def score_labels(scores: Sequence[float], min_decimals: int = 3) -> list[str]:
+    """Cosine scores as text, floored (never rounded up: 0.9998 reads 0.999, never 1.000, so only an exact match
+    reads as 1) with one number of decimals for all: the fewest, at least `min_decimals`, at which scores more
+    than COSINE_RESOLUTION apart read differently."""
+    scores = [float(s) for s in scores]
+    for decimals in range(min_decimals, MAX_SCORE_DECIMALS + 1):
+        labels = [_floored(s, decimals) for s in scores]
+        spans: dict[str, list[float]] = {}
+        for label, s in zip(labels, scores):
+            spans.setdefault(label, []).append(s)
+        if all(max(v) - min(v) <= COSINE_RESOLUTION for v in spans.values()):
+            break
+    return labels
+
+
+def hit_captions(hits: list[Hit]) -> list[str]:
+    """'rank: score' under each hit of one query's row on the contact sheet."""
+    return [f"{rank}: {label}" for rank, label in enumerate(score_labels([h.score for h in hits]), start=1)]
+
+
 # ---------------------------------------------------------------------------- contact sheet
 @functools.lru_cache(maxsize=4)
 def _dataset_source(name: str, split: str):
@@ -115,8 +187,8 @@ def contact_sheet(queries: list[tuple[str, Any]], results: list[list[Hit]], out:
             paste(_safe(load_item, q), 0, r, "query")
         else:
             draw.text((8, 4 + r * (thumb + cap + 6) + thumb // 2), f'"{q}"'[: thumb // 6], fill="black")
-        for c, h in enumerate(hits, start=1):
-            paste(_safe(load_item, h.path), c, r, f"{c}: {h.score:.3f}")
+        for c, (h, caption) in enumerate(zip(hits, hit_captions(hits)), start=1):
+            paste(_safe(load_item, h.path), c, r, caption)
     out = Path(out)
     with atomic_path(out) as tmp:
         sheet.save(tmp, format="PNG")

@@ -2,10 +2,12 @@
 
 `create_app(model_or_path, ...)` builds the app; `vitkit serve CKPT` runs it with uvicorn. The parts:
 `uploads` (request bodies to images, in memory, with limits), `batching` (dynamic batching on a worker
-thread), `service` (the model operations without HTTP) and `app` (routes, errors, the page)."""
+thread), `service` (the model operations without HTTP), `auth` (API keys, the key file, which hosts are
+loopback) and `app` (routes, errors, the page)."""
 from __future__ import annotations
 
 from .app import create_app
+from .auth import KEY_ENV, check_key, check_keys, is_loopback, read_key_file
 from .batching import Batcher, BusyError
 
-__all__ = ["Batcher", "BusyError", "create_app"]
+__all__ = ["KEY_ENV", "Batcher", "BusyError", "check_key", "check_keys", "create_app", "is_loopback", "read_key_file"]

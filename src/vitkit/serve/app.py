@@ -7,6 +7,11 @@ and the model work is queued on a `Batcher` worker thread (predict, embed and se
 concurrent requests; explain runs one at a time). Every refusal is a 4xx JSON `{"error": "..."}` with one line; a full queue or a model that does
 not answer in time is a 503 with the same shape. Requests name no paths: nothing is read from or written
 to the server's disk on their behalf (the page is read once, at start).
+
+With `api_keys`, every route but the page and /health needs `Authorization: Bearer KEY` (401 otherwise),
+checked before anything else about the request. /docs and /redoc are off: FastAPI's Swagger UI and ReDoc
+pages load their scripts from a CDN (fastapi ships no copy), which a page on a private network must not
+do; the schema is at /openapi.json.
 """
 from __future__ import annotations
 
@@ -14,12 +19,13 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -27,6 +33,7 @@ from starlette.exceptions import HTTPException
 
 from ..data.images import decode_image
 from ..errors import VitkitError
+from .auth import BearerKeyCheck
 from .batching import Batcher, BusyError
 from .service import ModelService
 from .uploads import RequestError, image_bytes, read_body
@@ -42,21 +49,25 @@ _IMAGE_BODY = {  # the OpenAPI description of the upload, since the body is pars
 }
 _ERRORS = {status: {"description": text, "content": {"application/json": {"example": {"error": "one line"}}}}
            for status, text in [(400, "not an image, truncated, wrong field, or an operation the model lacks"),
+                                (401, "no API key, or a wrong one (a server started with keys)"),
                                 (408, "the upload arrived too slowly"), (413, "upload above the size limit"),
                                 (415, "content type not accepted"), (422, "bad query parameter"),
                                 (503, "queue full, shutting down, or the model did not answer in time")]}
 _PAGE_CSP = "default-src 'none'; img-src 'self' blob: data:; style-src 'unsafe-inline'; " \
-            "script-src 'unsafe-inline'; connect-src 'self'"  # the page may load nothing from elsewhere
+            "script-src 'unsafe-inline'; connect-src 'self'; form-action 'none'"  # nothing from elsewhere
 
 
 def create_app(model: Any, *, name: str | None = None, backend: str = "torch", max_batch: int = 16,
                batch_timeout_ms: float = 5.0, max_upload_mb: float = 10.0, max_pixels: int | None = None,
                request_timeout_s: float = 30.0, upload_timeout_s: float = 30.0, max_queue: int = 1024,
-               index: Any = None, index_path: str | None = None, default_top_k: int = 5):
+               index: Any = None, index_path: str | None = None, default_top_k: int = 5,
+               api_keys: Iterable[str] | None = None):
     """The app for `model`: a loaded model (vitkit or `OnnxRunner`) or anything `vitkit.api.load_model`
     accepts (a file, a run folder, `bundled:fashion-mnist`, a pretrained name). `index`: a
     `vitkit.retrieval.SearchIndex` (or a path to load one) to enable /v1/search. `max_batch=1` turns
-    dynamic batching off."""
+    dynamic batching off. `api_keys`: the keys a caller may send as `Authorization: Bearer KEY` (None: no
+    key needed; an empty set is refused, as is a key shorter than `auth.MIN_KEY_LENGTH`)."""
+    key_check = None if api_keys is None else BearerKeyCheck(api_keys)  # refuses bad keys before the model loads
     service = _service(model, name, backend, index, index_path)
     upload_limit = int(max_upload_mb * 2**20)
     body_limit = upload_limit + 64 * 1024  # room for the multipart headers around the file
@@ -82,14 +93,19 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
         for b in batchers:  # uvicorn gets here after in-flight requests are answered (graceful SIGTERM)
             await run_in_threadpool(b.close)
 
-    app = FastAPI(title="vitkit serve", version=_version(), lifespan=lifespan,
+    # docs_url/redoc_url off: their pages load Swagger UI / ReDoc from a CDN; openapi_url off: the schema is
+    # served below, behind the key like the rest of the API
+    app = FastAPI(title="vitkit serve", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None,
                   description=f"Vision Transformer inference for {service.name}: predict, explain, embed"
                   + (", search" if service.index is not None else "") + ". Errors are JSON {\"error\": \"...\"}.")
     app.state.service, app.state.batchers = service, batchers
+    # every route on `api` checks the key first (a dependency runs before the endpoint reads the body)
+    api = APIRouter(dependencies=[] if key_check is None else [Depends(key_check)])
 
     # --------------------------------------------------------------------------- errors: one JSON line
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+    def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse({"error": " ".join(str(message).split())}, status_code=status, headers=headers)
 
     @app.exception_handler(VitkitError)
     async def _vitkit_error(request, e: VitkitError):
@@ -99,7 +115,7 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
 
     @app.exception_handler(HTTPException)
     async def _http_error(request, e: HTTPException):
-        return error(e.status_code, e.detail)
+        return error(e.status_code, e.detail, e.headers)  # keeps a 401's WWW-Authenticate
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, e: RequestValidationError):
@@ -158,12 +174,18 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
     async def home():
         return HTMLResponse(page, headers={"Content-Security-Policy": _PAGE_CSP})
 
-    @app.get("/health", summary="liveness: the model is loaded and the server answers")
+    @app.get("/health", summary="liveness: the model is loaded and the server answers (no key needed)")
     async def health():
+        if key_check is not None:  # only the status to a caller without a key: the model's name can be a path
+            return {"status": "ok"}
         return {"status": "ok", "model": service.name,
                 "waiting": {b.name.removeprefix("vitkit-"): b._queue.qsize() for b in batchers}}
 
-    @app.get("/v1/model", summary="the model: name, family, classes, preprocessing, provenance; server limits")
+    @api.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema():
+        return JSONResponse(app.openapi())
+
+    @api.get("/v1/model", summary="the model: name, family, classes, preprocessing, provenance; server limits")
     async def model_info():
         return service.info() | {"server": {
             "max_batch": max_batch, "batch_timeout_ms": batch_timeout_ms, "max_upload_mb": max_upload_mb,
@@ -173,7 +195,7 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
 
     top_k_query = Query(None, ge=1, le=1000, description=f"how many classes (default {default_top_k})")
 
-    @app.post("/v1/predict", summary="top-k classes with probabilities", responses=_ERRORS,
+    @api.post("/v1/predict", summary="top-k classes with probabilities", responses=_ERRORS,
               openapi_extra={"requestBody": _IMAGE_BODY})
     async def predict(request: Request, top_k: int | None = top_k_query):
         image, image_name, x = await queued("predict", request)
@@ -181,7 +203,7 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
         return service.describe_input(image, image_name) | {"model": service.name,
                                                              "top": service.top(probs, top_k or default_top_k)}
 
-    @app.post("/v1/explain", summary="attention heat map over the image (PNG)", responses=_ERRORS,
+    @api.post("/v1/explain", summary="attention heat map over the image (PNG)", responses=_ERRORS,
               openapi_extra={"requestBody": _IMAGE_BODY},
               response_class=Response)
     async def explain(request: Request, method: Literal["rollout", "cls-attention", "grad-rollout"] = "rollout",
@@ -191,7 +213,7 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
         png, info = await answer(explainer, (image, method, target))
         return Response(png, media_type="image/png", headers={"X-Vitkit-Explain": json.dumps(info)})
 
-    @app.post("/v1/embed", summary="the image's feature vector", responses=_ERRORS,
+    @api.post("/v1/embed", summary="the image's feature vector", responses=_ERRORS,
               openapi_extra={"requestBody": _IMAGE_BODY})
     async def embed(request: Request, normalize: bool = Query(False, description="L2-normalise the vector")):
         needs("embed")
@@ -202,7 +224,7 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
         return {"image": image_name, "model": service.name, "dim": int(feats.numel()), "normalized": normalize,
                 "embedding": feats.tolist()}
 
-    @app.post("/v1/search", summary="the nearest images in the server's index", responses=_ERRORS | {
+    @api.post("/v1/search", summary="the nearest images in the server's index", responses=_ERRORS | {
         404: {"description": "the server has no index"}}, openapi_extra={"requestBody": _IMAGE_BODY})
     async def search(request: Request, k: int = Query(5, ge=1, le=100, description="how many neighbours")):
         needs("search")
@@ -210,6 +232,7 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
         hits = await answer(searcher, (x, k))
         return {"image": image_name, "model": service.name, "k": k, "hits": hits}
 
+    app.include_router(api)
     return app
 
 

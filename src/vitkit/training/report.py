@@ -94,6 +94,7 @@ def _metrics(d: dict[str, Any]) -> str:
 
 def write_report(run: Path, summary: dict[str, Any], figures: dict[str, Path] | None = None) -> Path:
     from .._files import atomic_write_text
+    from .console import count
 
     f, best = summary["final"], summary["best"]
     lines = [
@@ -105,7 +106,7 @@ def write_report(run: Path, summary: dict[str, Any], figures: dict[str, Path] | 
         f"- best {best['split']} {_metrics(best).replace('**', '')} (epoch {best['epoch']})",
     ]
     if summary.get("skipped_images"):
-        lines.append(f"- skipped {summary['skipped_images']} unreadable image(s): see config.json data.skipped")
+        lines.append(f"- skipped {count(summary['skipped_images'], 'unreadable image')}: see config.json data.skipped")
     lines += ["", "![curves](curves.png)", ""]
     if (run / "confusion.png").exists():
         lines += ["![confusion](confusion.png)", ""]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._files import atomic_write_text
+from .._files import atomic_write_text, remove_stale_temps_in
 from ..errors import VitkitError
 from . import models as model_io
 from .state import load_state, save_state
@@ -82,10 +82,20 @@ class RunDir:
 
     def finished(self) -> bool:
         """A completed run is here (summary.json with status done)."""
+        return self.summary().get("status") == "done"
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json (empty when there is none or it does not parse)."""
         try:
-            return json.loads((self.path / "summary.json").read_text()).get("status") == "done"
-        except (OSError, ValueError, AttributeError):
-            return False
+            summary = json.loads((self.path / "summary.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return summary if isinstance(summary, dict) else {}
+
+    def remove_stale_temps(self) -> tuple[int, int]:
+        """Before a run writes here: the temp files a killed write left (atomic_path's pattern only; other
+        files stay) -> (files removed, bytes freed)."""
+        return remove_stale_temps_in(self.path)
 
     def start(self, config: dict[str, Any]) -> None:
         """A fresh run: a previous run's files go (other files in the folder stay), then config.json and empty

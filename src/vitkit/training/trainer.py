@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..hardware import apply_fast_paths, choose_precision, this_machine
 from ..runtime import torch_threads
 from . import models as model_io
+from .console import Eta, count, print_cost, progress_bar
 from .distributed import Interrupt, all_mean, all_mean_grads, barrier, setup_distributed, teardown
 from .optim import lr_factor, make_ema, param_groups
 from .order import epoch_batches, step_seed
@@ -190,7 +191,11 @@ class Trainer:
         self.partial, self.wall_before = info["partial"], info["wall_time_s"]
         if self.d.main:
             self.run_dir.reconcile(self.history, self.step)
-            self._console().print(f"resuming {self.out} at epoch {self.epoch + 1}, step {self.step}")
+            epochs = self.recipe.epochs
+            where = (f"at epoch {self.epoch + 1}/{epochs}, step {self.step}/{self.total_steps}"
+                     if self.epoch < epochs else f"after its last epoch ({self.epoch}/{count(epochs, 'epoch')}) "
+                     "for the final evaluation and report")
+            self._console().print(f"resuming {self.out} {where}", soft_wrap=True)
 
     def _save_state(self, gathered: tuple[dict, dict] | None = None) -> None:
         """Every rank calls this (FSDP gathers the state unless `gathered` holds it); rank 0 writes."""
@@ -218,6 +223,10 @@ class Trainer:
         if not self.resume and not self.overwrite and self.run_dir.finished():
             raise ConfigError(f"{self.out} holds a finished run (summary.json: done); pass --overwrite to replace "
                               "it, or choose another --out")
+        if self.d.main:
+            self._remove_stale_temps()
+        if self.resume and self.run_dir.finished():
+            return self._already_finished()
         self.setup()  # data and model first: a setup error leaves no run folder behind
         if self.d.main and not self.resume:
             self.run_dir.start(run_config(self.recipe, self.data, self.model, command=self.command, finetune=self.finetune,
@@ -229,6 +238,24 @@ class Trainer:
                 self.run_dir.discard()
             raise
 
+    def _remove_stale_temps(self) -> None:
+        """Temp files of this run's writers that a kill left behind (a state save can leave ~90 MB)."""
+        removed, freed = self.run_dir.remove_stale_temps()
+        if removed:
+            from ..analysis.cost import format_bytes
+
+            self._console().print(f"removed {count(removed, 'stale temp file')} ({format_bytes(freed)}) left by "
+                                  f"interrupted writes in {self.out}", soft_wrap=True)
+
+    def _already_finished(self) -> dict[str, Any]:
+        """--resume of a run whose summary says done: one line, nothing trained or rewritten."""
+        summary = self.run_dir.summary()
+        done, epochs = summary.get("epochs", self.recipe.epochs), self.recipe.epochs
+        if self.d.main:
+            self._console(always=True).print(f"run {self.out} already finished ({done}/{count(epochs, 'epoch')}); "
+                                             "nothing to do", soft_wrap=True)
+        return summary
+
     def _train(self) -> dict[str, Any]:
         r = self.recipe
         barrier(self.d)
@@ -238,22 +265,30 @@ class Trainer:
             name = r.name + (f" (based on {r.based_on})" if r.based_on else "")
             vs = self.data.info.get("val_split") or {}
             held = f", {vs['fraction']:.0%} of train held out" if vs.get("auto") else ""
+            height, width = self.model.preprocess.input_size[1:]
             console.print(f"[bold]vitkit train[/] recipe {name}: {self._model_name()} ({params / 1e6:.2f}M params) on "
                           f"{self.data.name} ({len(self.data.train)} train / {len(self.eval_set)} {self.eval_split}"
-                          f"{held}), {r.epochs} epochs x {self.steps_per_epoch} steps, {self.d.world} process(es), "
-                          f"{self.device}", soft_wrap=True)
+                          f"{held}) at {height}x{width} px, {count(r.epochs, 'epoch')} x "
+                          f"{count(self.steps_per_epoch, 'step')}, {count(self.d.world, 'process')}, {self.device}",
+                          soft_wrap=True)
             if self.data.info.get("num_skipped"):
-                console.print(f"[yellow]skipped {self.data.info['num_skipped']} unreadable image(s)[/] (listed in config.json)")
+                console.print(f"[yellow]skipped {count(self.data.info['num_skipped'], 'unreadable image')}[/] "
+                              "(listed in config.json)", soft_wrap=True)
         if self.d.main:
-            console.print(f"precision {'bf16 autocast' if r.bf16 else 'fp32'}, {torch.get_num_threads()} torch "
-                          "thread(s) per process", soft_wrap=True)
+            console.print(f"precision {'bf16 autocast' if r.bf16 else 'fp32'}, "
+                          f"{count(torch.get_num_threads(), 'torch thread')} per process", soft_wrap=True)
             if self.precision_note:
                 console.print(self.precision_note, soft_wrap=True)
         self.eta_pending = self.d.main and self._heavy()
         if self.eta_pending:
-            self._print_cost(console)
-        with Interrupt() as interrupt, self._progress(console) as progress:
-            bar = progress.add_task("train", total=self.total_steps, completed=self.step, loss=float("nan"), lr=0.0, ips=0.0)
+            print_cost(console, self.model, micro_batch=max(1, r.batch_size // r.accum_steps // self.d.world),
+                       bf16=r.bf16)
+        self.eta = Eta(self.total_steps - self.step)
+        # no bar where nothing is left to train (a resumed run that lacks only its final evaluation)
+        no_bar = self.quiet or not self.d.main or self.epoch >= r.epochs
+        with Interrupt() as interrupt, progress_bar(console, disable=no_bar) as progress:
+            bar = progress.add_task(f"epoch {self.epoch + 1}/{r.epochs}", total=self.total_steps, completed=self.step,
+                                    loss=float("nan"), lr=0.0, ips=0.0, eta="")
             while self.epoch < r.epochs:
                 self._train_epoch(progress, bar, interrupt)
                 self._end_epoch(console)
@@ -269,30 +304,8 @@ class Trainer:
         """Training on a CPU at HEAVY_SIDE px and up: worth a cost estimate and an ETA."""
         return self.device.type == "cpu" and min(self.model.preprocess.input_size[1:]) >= HEAVY_SIDE
 
-    def _print_cost(self, console) -> None:
-        """The closed-form cost (families that have one): GMACs per image, parameters, activation memory."""
-        from ..models import get_family
-
-        if get_family(self.model.family).cost is None:
-            return
-        from ..analysis.cost import format_bytes, model_cost
-
-        r = self.recipe
-        micro = max(1, r.batch_size // r.accum_steps // self.d.world)
-        c = model_cost(self.model, batch=micro, dtype="bf16" if r.bf16 else "fp32")
-        console.print(f"cost: {c.gmacs_per_image:.2f} GMACs per image forward (about 3x to train), "
-                      f"{c.params_total / 1e6:.2f}M params, {format_bytes(c.activation_bytes)} of activations "
-                      f"for a batch of {micro} ({c.dtype}); an ETA follows the first step", soft_wrap=True)
-
     def _model_name(self) -> str:
         return self.recipe.model if not self.finetune else f"{self.model.provenance.get('arch') or 'model'} from {self.finetune}"
-
-    def _progress(self, console):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("loss {task.fields[loss]:.4f}  lr {task.fields[lr]:.2e}  {task.fields[ips]:.0f} img/s"),
-                        TimeRemainingColumn(), console=console, disable=self.quiet or not self.d.main, transient=False)
 
     def _train_epoch(self, progress, bar, interrupt) -> None:
         r, d = self.recipe, self.d
@@ -345,15 +358,13 @@ class Trainer:
             p["seen"], p["time"] = p["seen"] + n_img * d.world, p["time"] + now - t_last
             self.step_log.append({"step": self.step, "loss": mean_loss, "lr": lr})
             self.committed = True
+            self.eta.record(now - t_last)
             progress.update(bar, advance=1, loss=mean_loss, lr=lr, ips=n_img * d.world / max(now - t_last, 1e-9),
-                            description=f"epoch {self.epoch + 1}/{r.epochs}")
-            if self.eta_pending:
+                            description=f"epoch {self.epoch + 1}/{r.epochs}", eta=self.eta.text())
+            if self.eta_pending and self.eta.seconds_left() is not None:  # said once, after the warm-up
                 self.eta_pending = False
-                left = self.total_steps - self.step
-                if left:
-                        progress.console.print(f"first step {now - t_last:.2f} s: about "
-                                           f"{_duration(left * (now - t_last))} for the {left} steps left "
-                                           "(evaluation not included)", soft_wrap=True)
+                if self.eta.steps_left:
+                    progress.console.print(self.eta.describe(), soft_wrap=True)
             t_last = now
             if stop:
                 self._flush_steps()
@@ -455,19 +466,10 @@ class Trainer:
             report = self.run_dir.report(summary, self.history, res, self.data.class_names, described, figures)
             summary["report"] = str(report)
             self._console(always=True).print(  # also with --quiet: the one line that says where the result is
-                f"[bold green]done[/]: final {described} after {summary['epochs']} epochs in {wall:.0f} s; "
+                f"[bold green]done[/]: final {described} after {count(summary['epochs'], 'epoch')} in {wall:.0f} s; "
                 f"report: {report}", soft_wrap=True)
         barrier(self.d)
         return summary
-
-
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def train(recipe: Recipe, out: str | os.PathLike, **kw) -> dict[str, Any]:

@@ -94,7 +94,7 @@ class Task:
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
         text = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)) and k != "score")
-        return text + (f" (raw score {raw['score']:.4g})" if raw else "")
+        return text + (f" (without EMA: score {raw['score']:.4g})" if raw else "")
 
 
 def loggable(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -44,5 +44,5 @@ class ClassificationTask(Task):
                 "confusion": res["confusion"]}
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
-        extra = f" (raw {raw['top1']:.2f})" if raw else ""
+        extra = f" (without EMA {raw['top1']:.2f}%)" if raw else ""
         return f"top-1 {metrics['top1']:.2f}%{extra} top-5 {metrics['top5']:.2f}%"

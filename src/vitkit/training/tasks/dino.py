@@ -350,4 +350,4 @@ class DinoTask(Task):
         text = f"dino loss {metrics['loss']:.4f}"
         if "knn_top1" in metrics:
             text += f" k-NN top-1 {metrics['knn_top1']:.2f}% (teacher {metrics['teacher_knn_top1']:.2f}%)"
-        return text + (f" (raw score {raw['score']:.4g})" if raw else "")
+        return text + (f" (without EMA: score {raw['score']:.4g})" if raw else "")

@@ -103,5 +103,5 @@ class MaeTask(Task):
         return {"reconstructions": path}
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
-        extra = f" (raw {raw['loss']:.4f})" if raw else ""
+        extra = f" (without EMA {raw['loss']:.4f})" if raw else ""
         return f"reconstruction loss {metrics['loss']:.4f}{extra}"

@@ -154,7 +154,7 @@ class SegmentTask(Task):
         self.head.load_state_dict({k[len("head."):]: v for k, v in sd.items() if k.startswith("head.")})
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
-        extra = f" (raw {raw['miou']:.2f})" if raw else ""
+        extra = f" (without EMA {raw['miou']:.2f}%)" if raw else ""
         return (f"mIoU {metrics['miou']:.2f}%{extra} (items {metrics['miou_fg']:.2f}%) "
                 f"pixel acc {metrics['pixel_acc']:.2f}%")
 
