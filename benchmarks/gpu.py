@@ -31,12 +31,11 @@ from vitkit.bench import (
     infer_fn,
     machine_info,
     matmul_rates,
-    paired_ratio,
-    paired_times,
-    timm_twin,
     train_fn,
     write_report,
 )
+from vitkit.peers import timm_twin
+from vitkit.timing import paired_ratio, paired_times
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {"vit_base_patch16_224": (256, 128), "vit_large_patch16_224": (128, 64)}  # inference, training batch

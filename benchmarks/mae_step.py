@@ -1,5 +1,5 @@
 """MAE's point in time: an encoder training step on the visible 25% of the patches against a step on all of
-them, same model, same batch, timed round-robin in one process (vitkit.bench.paired_times); the decoder is
+them, same model, same batch, timed round-robin in one process (vitkit.timing.paired_times); the decoder is
 left out, so the ratio is the encoder's alone. Writes benchmarks/results/mae-step.{md,json}.
 Usage: python benchmarks/mae_step.py [--model vit_small_patch16_224] [--batch 16] [--threads 2]
 """
@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.bench import machine_info, paired_ratio, paired_times
+from vitkit.bench import machine_info
 from vitkit.models.mae import random_masking
 from vitkit.runtime import torch_threads
+from vitkit.timing import paired_ratio, paired_times
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

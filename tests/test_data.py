@@ -225,3 +225,30 @@ def skimage_photo():
     import skimage.data
 
     return skimage.data.chelsea()  # 451x300 RGB
+
+
+def test_builtin_sets_come_from_one_table_that_names_each_task(tmp_path):
+    """The built-in names, their aliases and each set's task are read from BUILTIN_SETS; a user folder is
+    classification whatever its name (a folder called canvas-* holds class folders, not masks)."""
+    from vitkit.data.builtin import BUILTIN_SETS, CLASSIFICATION, SEGMENTATION, builtin_set, dataset_task
+    from vitkit.data.canvas import SPECS
+    from vitkit.data.datasets import BUILTIN, BUILTIN_ALIASES, same_data
+
+    assert BUILTIN == tuple(BUILTIN_SETS) and set(SPECS) <= set(BUILTIN)
+    assert set(BUILTIN_ALIASES) == {a for name, s in BUILTIN_SETS.items() for a in (name, *s.aliases)}
+    assert {n: s.task for n, s in BUILTIN_SETS.items() if s.task == SEGMENTATION} == dict.fromkeys(SPECS, SEGMENTATION)
+    assert dataset_task("fmnist") == dataset_task("digits") == CLASSIFICATION
+    assert dataset_task("canvas-digits") == SEGMENTATION
+    assert builtin_set("fashion_mnist")[0] == "fashion-mnist" and builtin_set(str(tmp_path)) is None
+    assert same_data("fmnist", "fashion-mnist") and not same_data("digits", "canvas-digits")
+    assert dataset_task(str(tmp_path / "canvas-mine")) == CLASSIFICATION
+    canvas = load_data("canvas-digits")  # the table's loader gives the same canvases as the canvas module's spec
+    assert canvas.name == "canvas-digits" and len(canvas.train) == SPECS["canvas-digits"].train
+
+
+def test_the_data_package_has_no_import_cycle():
+    """canvas builds on the digits / Fashion-MNIST bundles without importing datasets back."""
+    from test_import_graph import cycles, graph
+
+    data_cycles = [c for c in cycles(graph()) if any(m.startswith("vitkit.data") for m in c)]
+    assert not data_cycles, data_cycles

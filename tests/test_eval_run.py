@@ -125,3 +125,14 @@ def test_changed_data_since_training_is_said(tmp_path, monkeypatch, capsys):
     res, err = _eval(capsys, run)
     assert res["split"] == "val" and len(err) == 1 and "changed since" in err[0], err
     assert os.fspath(root) in err[0]
+
+
+def test_a_user_folder_named_like_a_canvas_set_is_scored(own_run, tmp_path, monkeypatch, capsys):
+    """Only the built-in table says a set is a segmentation set: a class folder called canvas-mine is data."""
+    import shutil
+
+    work, _, run = own_run
+    folder = shutil.copytree(work / "ds", tmp_path / "canvas-mine")
+    monkeypatch.chdir(tmp_path)  # as a user types it: --data canvas-mine
+    res, _ = _eval(capsys, run, "--data", "canvas-mine")
+    assert res["count"] == sum(1 for p in folder.rglob("*.png"))

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.bench import infer_fn, timm_twin
+from vitkit.bench import infer_fn
 from vitkit.cli.main import main
+from vitkit.peers import check_twin, timm_twin
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,11 @@ def test_fp32_inference_equals_timm(pair, photo_batch):
 def test_bf16_paths_close_to_fp32_and_to_timm_bf16(pair, photo_batch):
     model, twin = pair
     x = photo_batch(224)
+    # the matmul form's numbers, whatever this machine decided for it (vitkit.hardware turns it off where bf16
+    # is emulated, as on an AVX2-only Zen 3): a copy with the switch on, so the path under test really runs
+    model = copy.deepcopy(model)
+    for b in model.blocks:
+        b.attn.matmul_attention = True
     matmul_attention = []  # AttentionMap only runs on the matmul path (SDPA never forms the matrix)
     hooks = [b.attn.attn_map.register_forward_hook(lambda m, i, o: matmul_attention.append(o.dtype))
              for b in model.blocks]
@@ -169,6 +175,27 @@ def test_bench_refuses_a_model_without_a_timm_twin_before_timing(capsys, monkeyp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'conv_small' embedding" in err and "no twin" in err
     assert not timed
+
+
+def test_a_twin_follows_what_the_model_declares_not_its_family_name():
+    """check_twin asks the model for timm's keyword arguments: a ViT registered under another name still has
+    its twin (equal outputs), a family without the method has none (one clear line)."""
+    from vitkit.errors import ConfigError
+    from vitkit.models.vision_transformer import VisionTransformer
+
+    class RenamedViT(VisionTransformer):
+        family = "renamed_vit"
+
+    torch.manual_seed(0)
+    plain = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32, patch_size=8)
+    renamed = RenamedViT(plain.cfg)
+    renamed.load_state_dict(plain.state_dict())
+    check_twin(renamed)
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        assert torch.allclose(renamed.eval()(x), timm_twin(renamed).eval()(x), atol=1e-5)
+    with pytest.raises(ConfigError, match="resnet model has no twin"):
+        check_twin(vitkit.create_model("resnet18"))
 
 
 def test_peak_fraction_is_left_out_where_the_reference_is_no_peak():

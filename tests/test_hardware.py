@@ -311,3 +311,20 @@ def test_models_built_or_loaded_through_the_api_follow_this_machines_decisions(t
     x = torch.randn(2, model.cfg.in_chans, *model.cfg.img_size)
     with torch.no_grad():
         torch.testing.assert_close(plain(x), model.eval()(x), atol=1e-5, rtol=1e-5)
+
+
+def test_bench_and_the_fast_path_measurement_share_one_timing_harness():
+    """One round-robin harness (vitkit.timing) times both `vitkit bench` and hardware.measure: a call twice as
+    slow reads as a ratio near 2, and neither module keeps its own copy of the loop."""
+    import time
+
+    from test_import_graph import graph
+    from vitkit import bench, timing
+
+    times = timing.paired_times({"slow": lambda: time.sleep(0.004), "fast": lambda: time.sleep(0.002)},
+                                warmup=0, repeats=5)
+    assert [len(t) for t in times.values()] == [5, 5]
+    assert 1.3 < timing.paired_ratio(times["slow"], times["fast"]) < 3.0
+    assert bench.paired_times is timing.paired_times and bench.paired_ratio is timing.paired_ratio
+    edges = graph()
+    assert "vitkit.timing" in edges["vitkit.hardware"] and "vitkit.timing" in edges["vitkit.bench"]

@@ -16,14 +16,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitkit"
 
 # lower rank = lower layer; a module may import its own rank (if that makes no cycle) or any lower one
 RANKS = {
-    "errors": 0, "typed_config": 0, "_files": 0, "runtime": 0, "_version": 0, "hardware": 0,
+    "errors": 0, "typed_config": 0, "_files": 0, "_lazy": 0, "runtime": 0, "_version": 0, "hardware": 0, "timing": 0,
     "layers": 1, "text": 1,
     "models": 2,
     "weights": 3,
     "api": 4,
     "data": 5, "export": 5,
     "analysis": 6, "training": 6, "inference": 6, "probe": 6, "zeroshot": 6,  # inference uses training.evaluate
-    "bench": 7, "retrieval": 7,
+    "bench": 7, "peers": 7, "retrieval": 7,
     "serve": 8,
     "cli": 9,
     "__init__": 10, "__main__": 10, "demo": 10,

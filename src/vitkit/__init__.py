@@ -5,9 +5,7 @@ importing torch until something needs it.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from ._lazy import lazy_exports
 from ._version import __version__  # a neutral module, so any layer may import the version
 from .errors import CheckpointError, ConfigError, DataError, ImageError, OfflineError, VitkitError
 
@@ -19,16 +17,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value  # later look-ups skip this function
-        return value
-    raise AttributeError(f"module 'vitkit' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "ImageError", "OfflineError", "VitkitError",

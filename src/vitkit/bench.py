@@ -20,18 +20,18 @@ import platform
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .peers import check_twin, timm_twin, timm_vit_class
+from .timing import CLOCKS, paired_ratio, paired_times
 
 PRECISIONS = ("fp32", "bf16-autocast", "bf16")  # bf16 = weights and inputs in bf16
 TRAIN_PRECISIONS = PRECISIONS[:2]
 BACKENDS = ("eager", "compile", "onnx", "onnx-int8")
-CLOCKS = ("wall", "cpu")
 # the small-image training configuration of the speed issue: 32x32, patch 4, 192 wide, 6 deep
 SMALL32 = {"img_size": 32, "patch_size": 4, "in_chans": 3, "num_classes": 10, "embed_dim": 192, "depth": 6,
            "num_heads": 3}
@@ -80,39 +80,6 @@ class BenchOptions:
 
 
 # ---------------------------------------------------------------------------- measuring
-def _clock(kind: str) -> Callable[[], float]:
-    return time.process_time if kind == "cpu" else time.perf_counter
-
-
-def paired_times(fns: dict[Any, Callable[[], Any]], warmup: int, repeats: int, clock: str = "wall",
-                 min_sample: float = 0.02) -> dict[Any, list[float]]:
-    """Seconds per call of each fn, measured round-robin; the order reverses every round.
-
-    A sample repeats a call that is faster than `min_sample` seconds (sized on the last warm-up call),
-    so that timer resolution and scheduler noise stay small against what is measured."""
-    now = _clock(clock)
-    names = list(fns)
-    calls = dict.fromkeys(names, 1)
-    for _ in range(warmup):
-        for name in names:
-            t0 = now()
-            fns[name]()
-            calls[name] = max(1, min(1000, int(min_sample / max(now() - t0, 1e-6))))
-    times: dict[Any, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            t0 = now()
-            for _ in range(calls[name]):
-                fns[name]()
-            times[name].append((now() - t0) / calls[name])
-    return times
-
-
-def paired_ratio(ref: list[float], other: list[float]) -> float:
-    """Median over rounds of ref_time / other_time: > 1 means `other` is faster."""
-    return statistics.median(r / o for r, o in zip(ref, other))
-
-
 def matmul_rates(n: int, repeats: int, clock: str = "wall", device: Any = "cpu") -> dict[str, float]:
     """GFLOP/s of an n x n matmul: torch.mm in fp32 and bf16, and oneDNN's fp32 matmul (the kernel
     vitkit's fp32 inference uses; on AMD CPUs torch.mm's MKL sgemm reaches about half of it)."""
@@ -174,44 +141,6 @@ def build_vitkit(name: str):
         recipe = get_recipe(name.split(":", 1)[1])
         return create_model(recipe.model, **recipe.model_args)
     return create_model(name)
-
-
-def _timm_vit_class():
-    try:
-        from timm.models.vision_transformer import VisionTransformer
-    except ImportError:
-        raise ConfigError("bench compares vitkit with timm, which is not installed: "
-                          "pip install 'vitkit[bench]'") from None
-    return VisionTransformer
-
-
-def check_twin(model) -> None:
-    """Raise ConfigError unless timm's plain VisionTransformer can express `model` (it reads the config only,
-    so a model built on the meta device will do)."""
-    c = model.cfg
-    if getattr(model, "family", None) != "vit":
-        raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares ViTs with timm's "
-                          f"VisionTransformer; a {getattr(model, 'family', type(model).__name__)} model has no twin")
-    if c.embed_layer != "patch":
-        raise ConfigError(f"{model.provenance.get('arch', 'model')}: its {c.embed_layer!r} embedding (a CNN stem) "
-                          "has no twin in timm's plain VisionTransformer; bench compares plain ViTs with timm only")
-    if c.mlp_layer != "mlp" or c.global_pool == "map" or c.qk_norm or c.act != "gelu" or c.pos_embed == "none" or c.representation_size or c.distilled:
-        raise ConfigError(f"{model.provenance.get('arch', 'model')}: bench compares plain ViTs with timm only")
-
-
-def timm_twin(model):
-    """timm's VisionTransformer with the same architecture, holding the same weights (timm key names)."""
-    timm_vit = _timm_vit_class()
-    check_twin(model)
-    c = model.cfg
-    twin = timm_vit(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
-                    embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio,
-                    qkv_bias=c.qkv_bias, init_values=c.init_values, class_token=c.class_token,
-                    global_pool=c.global_pool, fc_norm=c.fc_norm, no_embed_class=not c.prefix_pos,
-                    reg_tokens=c.num_reg_tokens, pre_norm=c.pre_norm, final_norm=c.final_norm)
-    twin.load_state_dict(model.state_dict())
-    twin.pos_embed.requires_grad_(model.pos_embed.requires_grad)  # a fixed sin-cos table stays fixed
-    return twin
 
 
 def gflop(model, batch: int) -> float:
@@ -338,13 +267,13 @@ def int8_warning(report: dict[str, Any], max_drop: float = INT8_MAX_DROP_POINTS,
 def _eval_batches(model, spec: str, limit: int | None, batch_size: int = 256):
     from torch.utils.data import DataLoader, Subset
 
-    from .data.datasets import Transformed, load_data, map_labels
+    from .data.datasets import Transformed, eval_split, load_data, map_labels
     from .data.transforms import eval_transform
 
     data = load_data(spec, channels=int(model.preprocess.input_size[0]))
     if model.class_names:
         map_labels(data, model.class_names)
-    ds = data.test or data.val or data.train
+    ds = eval_split(data)[1]
     if limit and limit < len(ds):
         ds = Subset(ds, range(limit))
     return DataLoader(Transformed(ds, eval_transform(model.preprocess), deterministic=False), batch_size=batch_size)
@@ -359,7 +288,7 @@ def run_benchmarks(opts: BenchOptions, command: str | None = None) -> dict[str, 
     from .runtime import torch_threads
 
     if opts.models or opts.train_models:
-        _timm_vit_class()  # fail before any timing: timm missing, or a model it has no twin for
+        timm_vit_class()  # fail before any timing: timm missing, or a model it has no twin for
         with torch.device("meta"):  # configs only: no weights are made here
             for name in dict.fromkeys((*opts.models, *opts.train_models)):
                 check_twin(build_vitkit(name))

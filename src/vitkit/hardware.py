@@ -53,14 +53,13 @@ import functools
 import json
 import os
 import platform
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .errors import ConfigError
+from .timing import paired_ratio, paired_times
 
 DECISIONS = ("bf16", "onednn_linear", "matmul_attention", "native_encoder", "onnx_runtime")
 MEASURABLE = ("onednn_linear", "matmul_attention")  # what `measure` times in isolation
@@ -338,16 +337,10 @@ def cached_measurement(caps: Capabilities) -> dict | None:
 
 
 def _paired_median(a, b, rounds: int) -> float:
-    """Median over rounds of time(a) / time(b), each round timing both (order alternating): > 1, b is faster."""
-    out = []
-    for r in range(rounds):
-        times = {}
-        for name, fn in ((("a", a), ("b", b)) if r % 2 == 0 else (("b", b), ("a", a))):
-            t0 = time.perf_counter()
-            fn()
-            times[name] = time.perf_counter() - t0
-        out.append(times["a"] / times["b"])
-    return statistics.median(out)
+    """Median over rounds of time(a) / time(b), one call of each per round (order alternating): > 1, b is
+    faster. Timed by the harness `vitkit bench` uses."""
+    times = paired_times({"a": a, "b": b}, warmup=0, repeats=rounds)
+    return paired_ratio(times["a"], times["b"])
 
 
 def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int = 6) -> dict:

@@ -5,12 +5,15 @@ With `--zeroshot`, CKPT is a CLIP pair and its classifier is built from the data
 (vitkit.zeroshot: prompt templates, ensembled), then evaluated like any classifier.
 
 Without `--data`, the data the checkpoint was trained on (its provenance), split as in training (seed and
-validation fraction from the checkpoint, its run folder's config.json, or the recipe and command it records)."""
+validation fraction from the checkpoint, its run folder's config.json, or the recipe and command it records),
+and by default its held-out split: test when the data has one, else the validation split training carved.
+Scoring images the run trained on (`--split train|all`, another `--seed`) prints one warning line."""
 from __future__ import annotations
 
-from pathlib import Path
+import sys
 from typing import Any
 
+from ..data.datasets import EVAL_SPLITS
 from .common import add_json, emit, load_backend, positive_int, print_table
 
 
@@ -20,9 +23,9 @@ def register(sub) -> None:
                    "bundled:NAME, a pretrained name.tag, an exported .onnx)")
     p.add_argument("--data", default=None, help="digits | fashion-mnist | FOLDER | MANIFEST.csv (default: the data "
                    "the checkpoint was trained on)")
-    p.add_argument("--split", choices=["test", "val", "train", "all"], default=None,
+    p.add_argument("--split", choices=list(EVAL_SPLITS), default=None,
                    help="which split (default: test, else val, else everything in the folder/CSV); val is the "
-                   "training run's validation split")
+                   "training run's validation split, carved again from its seed and fraction")
     p.add_argument("--seed", type=int, default=None, help="seed of the split (default: the training run's)")
     p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
@@ -60,6 +63,8 @@ def _protocols(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    from ..data.builtin import SEGMENTATION, dataset_task
+    from ..data.datasets import same_data
     from ..inference import evaluate_on, training_data
 
     model = _zeroshot_model(args) if args.zeroshot else load_backend(args.checkpoint, args.backend)
@@ -72,21 +77,24 @@ def run(args) -> int:
         data = "digits"
         note_once(f"{args.checkpoint} does not record the data it was trained on: evaluating on digits "
                   "(pass --data digits | fashion-mnist | FOLDER | MANIFEST.csv)")
-    if str(data).startswith("canvas-"):  # per-pixel masks, not one label per image
+    if dataset_task(data) == SEGMENTATION:  # per-pixel masks, not one label per image
         from ..errors import ConfigError
 
         raise ConfigError(f"{data} is a segmentation dataset (per-pixel masks): vitkit eval scores classifiers; "
                           "a task=segment run reports its mIoU and pixel accuracy in its report.md")
-    same = args.data is None or str(Path(args.data)) == str(Path(trained["data"] or ""))
+    same = args.data is None or same_data(args.data, trained["data"])  # the run's own data: split as it was
     seed = args.seed if args.seed is not None else (trained["seed"] if same and trained["seed"] is not None else 0)
     val_fraction = (trained["val_fraction"] if same else None) or 0.0
+    training = trained if same else None
     if tuple(args.protocol) != ("top1",):
-        return _run_protocols(args, model, data, seed, val_fraction, "--data" if args.data else trained["from"])
+        return _run_protocols(args, model, data, seed, val_fraction, "--data" if args.data else trained["from"],
+                              training)
     out = {"checkpoint": str(args.checkpoint)} | evaluate_on(model, data, split=args.split, seed=seed,
-                                                             val_fraction=val_fraction,
-                                                             batch_size=args.batch_size, strict=args.strict)
+                                                             val_fraction=val_fraction, batch_size=args.batch_size,
+                                                             strict=args.strict, training=training)
     out |= {"seed": seed, "val_fraction": val_fraction,
             "data_from": "--data" if args.data else trained["from"]}
+    _warn(out["warnings"])
     if args.zeroshot:
         out["zeroshot"] = model.provenance["zeroshot"]
     names = out["class_names"]
@@ -95,7 +103,7 @@ def run(args) -> int:
         print_table(f"{d['checkpoint']} on {d['data']} ({d['split']}, {d['count']} images)",
                     ["class", "precision %", "recall %", "support"],
                     [(c["class"], f"{c['precision']:.1f}", f"{c['recall']:.1f}", c["support"]) for c in d["per_class"]])
-        print(f"top-1 {d['top1']:.2f}%  top-5 {d['top5']:.2f}%  loss {d['loss']:.4f}")
+        print(f"{_scored(d)}\ntop-1 {d['top1']:.2f}%  top-5 {d['top5']:.2f}%  loss {d['loss']:.4f}")
         if d.get("zeroshot"):
             z = d["zeroshot"]
             print(f"zero-shot: {z['num_templates']} template(s) per class ({z['templates']}), prompts: "
@@ -109,7 +117,20 @@ def run(args) -> int:
     return 0
 
 
-def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_from: str) -> int:
+def _scored(d: dict[str, Any]) -> str:
+    """'val split: 10 images held out from training (carved from train: 15% of each class, seed 0)'."""
+    held = " held out from training" if d.get("trained_images") == 0 else ""
+    return f"{d['split']} split: {d['count']} images{held} ({d['split_from']})"
+
+
+def _warn(warnings: list[str]) -> None:
+    """Each warning as one stderr line, in JSON mode too (stdout stays the JSON document)."""
+    for line in warnings:
+        print(f"vitkit eval: warning: {line}", file=sys.stderr)
+
+
+def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_from: str,
+                   training: dict[str, Any] | None) -> int:
     """`--protocol knn,linear[,top1]`: one line per protocol (or one JSON object)."""
     from ..errors import ConfigError
     from ..inference import evaluate_on
@@ -123,9 +144,10 @@ def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_
                            "val_fraction": val_fraction, "data_from": data_from}
     if "top1" in args.protocol:
         res = evaluate_on(model, data, split=args.split, seed=seed, val_fraction=val_fraction,
-                          batch_size=args.batch_size, strict=args.strict)
+                          batch_size=args.batch_size, strict=args.strict, training=training)
         out |= {"data": res["data"], "split": res["split"], "count": res["count"],
                 "top1": {"top1": res["top1"], "top5": res["top5"], "loss": res["loss"]}}
+        _warn(res["warnings"])
     res = probe_on(model, data, frozen, split=args.split, seed=seed, val_fraction=val_fraction,
                    batch_size=args.batch_size, strict=args.strict, k=args.k, T=args.knn_t,
                    epochs=args.probe_epochs, probe_seed=args.probe_seed)

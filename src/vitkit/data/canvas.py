@@ -21,11 +21,12 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ..errors import DataError
+from .bundle import DataBundle
 
 
 @dataclass(frozen=True)
 class CanvasSpec:
-    source: str  # "fashion-mnist" or "digits"
+    source: str  # the built-in set its items come from (a name in builtin.BUILTIN_SETS)
     size: int  # canvas side in pixels
     scale: tuple[float, float]  # item side = source side * U(scale)
     items: tuple[int, int]  # items per canvas, inclusive
@@ -84,14 +85,12 @@ def paste_canvases(items: torch.Tensor, classes: torch.Tensor, count: int, spec:
     return CanvasSegmentation(images, masks, counts.argmax(1))
 
 
-def load_canvas(name: str, allow_download: bool = True):
-    """The DataBundle of a registered canvas set (`SPECS`)."""
-    from .datasets import DataBundle, _digits, _fashion_mnist
-
+def load_canvas(name: str, source: DataBundle) -> DataBundle:
+    """The DataBundle of a registered canvas set (`SPECS`), pasted from `source`, the bundle of the set its spec
+    names (builtin.py loads it: canvas builds on bundles, not on the resolver that lists the sets)."""
     if name not in SPECS:
         raise DataError(f"unknown canvas dataset {name!r}; known: {', '.join(SPECS)}")
     spec = SPECS[name]
-    source = _fashion_mnist(allow_download) if spec.source == "fashion-mnist" else _digits(spec.seed)
     splits = []
     for k, (ds, count) in enumerate(((source.train, spec.train), (source.test, spec.test))):
         splits.append(paste_canvases(ds.images, ds.labels, count, spec, seed=spec.seed * 1000 + k))

@@ -18,58 +18,27 @@ from __future__ import annotations
 
 import csv
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset
 
-from ..errors import DataError, ImageError
+from ..errors import ConfigError, DataError, ImageError
+from .builtin import BUILTIN_SETS, builtin_set
+from .bundle import DataBundle, FileImages, TensorImages, stratified_split  # noqa: F401  (re-exported: vitkit reads them here)
 
 log = logging.getLogger("vitkit")
 
-BUILTIN = ("digits", "fashion-mnist", "canvas-fashion", "canvas-digits")
-BUILTIN_ALIASES = ("digits", "fashion-mnist", "fashion_mnist", "fmnist", "canvas-fashion", "canvas-digits")
+BUILTIN = tuple(BUILTIN_SETS)  # the canonical names (builtin.py's table)
+BUILTIN_ALIASES = tuple(a for name, entry in BUILTIN_SETS.items() for a in (name, *entry.aliases))
 DEFAULT_VAL_FRACTION = 0.15  # user folders and manifests without a val split (see default_val_fraction)
 VAL_DIRS = ("val", "valid", "validation")
-
-
-class TensorImages(Dataset):
-    """In-memory uint8 images [N, C, H, W] with int64 labels [N]."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        return self.images[i], int(self.labels[i])
-
-    def subset(self, idx: Sequence[int]) -> TensorImages:
-        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))
-        return TensorImages(self.images[idx], self.labels[idx])
-
-
-class FileImages(Dataset):
-    """Image files decoded on access by `load_image` (mode L or RGB as `channels` asks)."""
-
-    def __init__(self, paths: list[Path], labels: list[int], channels: int = 3):
-        self.paths, self.labels, self.channels = list(paths), torch.as_tensor(labels, dtype=torch.long), channels
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int):
-        from .images import load_image
-
-        return load_image(self.paths[i], self.channels), int(self.labels[i])
-
-    def subset(self, idx: Sequence[int]) -> FileImages:
-        return FileImages([self.paths[i] for i in idx], [int(self.labels[i]) for i in idx], self.channels)
+EVAL_SPLITS = ("test", "val", "train", "all")  # what an evaluation may score (eval_split)
+LABEL_PREFIXES = ("folder:", "csv:")  # a user dataset's DataBundle.name: the prefix, then its absolute path
 
 
 class Transformed(Dataset):
@@ -103,63 +72,12 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + index * 104_729 + 12345) % (2**63 - 1)
 
 
-@dataclass
-class DataBundle:
-    name: str
-    class_names: list[str]
-    channels: int  # native channels of the images (1 gray, 3 colour)
-    image_size: tuple[int, int] | None  # native size when all images share it
-    train: Dataset
-    val: Dataset | None
-    test: Dataset | None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def set_channels(self, channels: int) -> None:
-        """File datasets decode straight into the model's channel count."""
-        for ds in (self.train, self.val, self.test):
-            if isinstance(ds, FileImages):
-                ds.channels = channels
-
-    def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "classes": self.num_classes, "channels": self.channels,
-                "train": len(self.train), "val": len(self.val) if self.val is not None else 0,
-                "test": len(self.test) if self.test is not None else 0} | {
-                    k: v for k, v in self.info.items() if k not in ("split_indices",)}
-
-
-def stratified_split(labels: Sequence[int], fraction: float, seed: int,
-                     min_held: int = 0) -> tuple[list[int], list[int]]:
-    """Seeded per-class split -> (keep, held_out) index lists, each sorted. Every class keeps >= 1 sample
-    and holds out at least `min_held` (when it has more than that)."""
-    labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
-    keep, held = [], []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        rng.shuffle(idx)
-        n_held = max(round(len(idx) * fraction), min_held)
-        n_held = min(n_held, len(idx) - 1)
-        held.extend(idx[:n_held].tolist())
-        keep.extend(idx[n_held:].tolist())
-    return sorted(keep), sorted(held)
-
-
 def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bool = False,
               channels: int = 3, allow_download: bool = True, subset: int | None = None) -> DataBundle:
     """Resolve `spec` (a built-in name, a folder or a CSV file) into train/val/test splits."""
     spec = str(spec)
-    if spec == "digits":
-        bundle = _digits(seed)
-    elif spec in ("fashion-mnist", "fashion_mnist", "fmnist"):
-        bundle = _fashion_mnist(allow_download)
-    elif spec in ("canvas-fashion", "canvas-digits"):
-        from .canvas import load_canvas
-
-        bundle = load_canvas(spec, allow_download)
+    if (found := builtin_set(spec)) is not None:
+        bundle = found[1].loader(seed, allow_download)
     else:
         path = Path(spec).expanduser()
         if not path.exists():
@@ -203,30 +121,6 @@ def carve_val(bundle: DataBundle, fraction: float, seed: int, where: str = "") -
     bundle.val, bundle.train = bundle.train.subset(held), bundle.train.subset(keep)
     bundle.info["split_indices"] = (bundle.info.get("split_indices") or {}) | {"val_from_train": held}
     bundle.info["val_split"] = {"fraction": fraction, "seed": seed}
-
-
-def _digits(seed: int) -> DataBundle:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise DataError("the `digits` dataset needs scikit-learn: pip install 'vitkit[data]' (or scikit-learn)") from None
-    d = load_digits()
-    images = torch.from_numpy(np.round(d.images * (255.0 / 16.0)).astype(np.uint8))[:, None]  # [N, 1, 8, 8]
-    labels = torch.from_numpy(d.target.astype(np.int64))
-    full = TensorImages(images, labels)
-    train_idx, test_idx = stratified_split(d.target, 0.2, seed)
-    info = {"source": "sklearn.datasets.load_digits", "test_split": {"fraction": 0.2, "seed": seed},
-            "split_indices": {"test": test_idx}}
-    return DataBundle("digits", [str(i) for i in range(10)], 1, (8, 8), full.subset(train_idx), None,
-                      full.subset(test_idx), info)
-
-
-def _fashion_mnist(allow_download: bool) -> DataBundle:
-    from . import fashion_mnist
-
-    d = fashion_mnist.load(allow_download)
-    return DataBundle("fashion-mnist", list(fashion_mnist.CLASS_NAMES), 1, (28, 28), TensorImages(*d["train"]),
-                      None, TensorImages(*d["test"]), {"source": str(d["dir"]), "split": "official 60000/10000"})
 
 
 # ---------------------------------------------------------------------------- user files
@@ -300,7 +194,7 @@ def _folder(root: Path, strict: bool, channels: int) -> DataBundle:
         raise DataError(f"{root}: class folder(s) {bad} hold no readable images after skipping broken files")
     info.update(skipped=skipped_all, num_skipped=len(skipped_all), empty_eval_classes=empties or None)
     size = next(iter(sizes)) if len(sizes) == 1 else None
-    return DataBundle(f"folder:{root}", names, channels, size, splits["train"], splits["val"], splits["test"], info)
+    return DataBundle(f"folder:{_absolute(root)}", names, channels, size, splits["train"], splits["val"], splits["test"], info)
 
 
 def _csv(path: Path, strict: bool, channels: int) -> DataBundle:
@@ -321,8 +215,78 @@ def _csv(path: Path, strict: bool, channels: int) -> DataBundle:
     paths, labels, skipped, size = _verify(paths, labels, strict, channels, str(path))
     if not paths:
         raise DataError(f"{path}: none of the listed images could be read")
-    return DataBundle(f"csv:{path}", names, channels, size, FileImages(paths, labels, channels), None, None,
+    return DataBundle(f"csv:{_absolute(path)}", names, channels, size, FileImages(paths, labels, channels), None, None,
                       {"source": str(path), "skipped": skipped, "num_skipped": len(skipped)})
+
+
+def _absolute(path: str | Path) -> str:
+    """The absolute, normalised form of a user path (a run records it, so eval finds the data from anywhere)."""
+    return os.path.abspath(os.path.expanduser(str(path)))
+
+
+def data_spec(label: str | None) -> str | None:
+    """A dataset's label (DataBundle.name, as a checkpoint's provenance records it) -> the spec load_data reads."""
+    for prefix in LABEL_PREFIXES:
+        if isinstance(label, str) and label.startswith(prefix):
+            return label[len(prefix):]
+    return label
+
+
+def same_data(a: str | None, b: str | None) -> bool:
+    """Whether two --data specs (or labels) name the same data: one built-in set under any alias, or one folder
+    or manifest however its path is written (relative, absolute, with a trailing slash)."""
+    if a is None or b is None:
+        return False
+
+    def canonical(spec: str) -> str:
+        spec = data_spec(str(spec))
+        found = builtin_set(spec)
+        return found[0] if found else _absolute(spec)
+
+    return canonical(a) == canonical(b)
+
+
+def eval_split(bundle: DataBundle, split: str | None = None) -> tuple[str, Dataset]:
+    """The images an evaluation scores -> (split name, dataset). `split`: test | val | train | all (every split
+    together); by default the held-out one: test, else val, else, for data that was never split (a folder or
+    CSV other than a run's training data, with no val/ or test/ folder), all of it. The one place that chooses:
+    `vitkit eval`, the frozen-feature probes and `bench`'s int8 check all call it."""
+    parts = {"test": bundle.test, "val": bundle.val, "train": bundle.train}
+    if split is None:
+        split = next((s for s in ("test", "val") if parts[s] is not None), "all")
+    if split == "all":
+        present = [d for d in parts.values() if d is not None]
+        return split, present[0] if len(present) == 1 else ConcatDataset(present)
+    if split not in parts:
+        raise ConfigError(f"unknown split {split!r}; choose from {', '.join(EVAL_SPLITS)}")
+    if parts[split] is None:
+        raise DataError(f"{bundle.name} has no {split} split")
+    return split, parts[split]
+
+
+def describe_split(bundle: DataBundle, split: str) -> str:
+    """Where a split's images come from, in words: a carved fraction and its seed, or the data's own split."""
+    if split == "val" and bundle.info.get("val_split"):
+        carved = bundle.info["val_split"]
+        return f"carved from train: {carved['fraction']:.0%} of each class, seed {carved['seed']}"
+    if split == "test" and bundle.info.get("test_split"):
+        held = bundle.info["test_split"]
+        return f"{held['fraction']:.0%} of each class held out, seed {held['seed']}"
+    return "every image" if split == "all" else f"the data's own {split} split"
+
+
+def image_keys(ds: Dataset) -> list:
+    """What identifies each image of a split across two loads of the same data (its file, or its position in the
+    built-in set): `shared_images` compares an evaluated split with a run's training split by these."""
+    if isinstance(ds, ConcatDataset):  # eval_split's `all`
+        return [k for part in ds.datasets for k in image_keys(part)]
+    return ds.keys()
+
+
+def shared_images(a: Dataset, b: Dataset) -> int:
+    """How many images of `a` are also in `b`."""
+    in_b = set(image_keys(b))
+    return sum(k in in_b for k in image_keys(a))
 
 
 def map_labels(bundle: DataBundle, class_names: list[str]) -> None:

@@ -210,6 +210,24 @@ class VisionTransformer(nn.Module):
         if self.class_names is not None and len(self.class_names) != num_classes:
             self.class_names = None
 
+    def timm_twin_kwargs(self) -> dict:
+        """The keyword arguments of timm's plain `VisionTransformer` that build this architecture under the same
+        key names (vitkit.peers builds the twin from them, for any model that has this method); ConfigError
+        when the config uses a piece that class cannot express. Reads the config only (meta models will do)."""
+        c = self.cfg
+        arch = self.provenance.get("arch", "model")
+        if c.embed_layer != "patch":
+            raise ConfigError(f"{arch}: its {c.embed_layer!r} embedding (a CNN stem) has no twin in timm's plain "
+                              "VisionTransformer; bench compares plain ViTs with timm only")
+        if (c.mlp_layer != "mlp" or c.global_pool == "map" or c.qk_norm or c.act != "gelu" or c.pos_embed == "none"
+                or c.representation_size or c.distilled):
+            raise ConfigError(f"{arch}: bench compares plain ViTs with timm only")
+        return dict(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
+                    embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio,
+                    qkv_bias=c.qkv_bias, init_values=c.init_values, class_token=c.class_token,
+                    global_pool=c.global_pool, fc_norm=c.fc_norm, no_embed_class=not c.prefix_pos,
+                    reg_tokens=c.num_reg_tokens, pre_norm=c.pre_norm, final_norm=c.final_norm)
+
     def set_input_size(self, img_size=None, interpolation: str | None = None, antialias: bool | None = None) -> None:
         """Change the native resolution. A learned table is resampled (prefix rows untouched), a sin-cos
         table regenerated for the new grid: the same rule as a forward at another size."""
