@@ -140,7 +140,7 @@ def test_openai_clip_visual(tmp_path, photo_batch, record_parity):
     assert torch.equal(twin(x), ref[0])
     plain = tmp_path / "open_clip_pytorch_model.bin"
     torch.save(clip_sd, plain)
-    vk = vitkit.load_model(plain)
+    vk = vitkit.load_model(plain, tower="image")  # the pair's image tower (the whole pair: test_load_whole.py)
     assert (vk.cfg.act, vk.cfg.norm_eps, vk.cfg.num_heads, vk.cfg.patch_bias) == ("quick_gelu", 1e-5, 2, False)
     assert vk.preprocess.mean[0] == pytest.approx(0.48145466) and vk.num_classes == 16
     check(vk, x, ref, "OpenAI CLIP visual (load_model)", record_parity)
@@ -235,7 +235,8 @@ def test_dinov2_hub_layout(registers, tmp_path, photo_batch, record_parity):
 
 
 def test_dino_v1_full_checkpoint(tmp_path, photo_batch, record_parity):
-    """{'teacher', 'student', 'optimizer', 'args', ...}: the teacher backbone is used, the DINO head dropped."""
+    """{'teacher', 'student', 'optimizer', 'args', ...}: the teacher's backbone alone (tower="image"; the whole with
+    its head: tests/test_load_whole.py)."""
     peer = perturb(TimmViT(**dict(TINY, num_classes=0)))
     teacher = {"backbone." + k: v for k, v in peer.state_dict().items()}
     teacher |= {"head.mlp.0.weight": torch.randn(256, 128), "head.last_layer.weight_g": torch.ones(1000, 1),
@@ -246,8 +247,8 @@ def test_dino_v1_full_checkpoint(tmp_path, photo_batch, record_parity):
                 "args": argparse.Namespace(arch="vit_small", patch_size=16, out_dim=1000)}, tmp_path / "full.pth")
     x = photo_batch(32, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     ref = reference(peer, x)
-    vk = vitkit.load_model(tmp_path / "full.pth")
-    assert vk.num_classes == 0
+    vk = vitkit.load_model(tmp_path / "full.pth", tower="image")
+    assert vk.num_classes == 0 and vk.family == "vit"
     check(vk, x, ref, "DINO v1 full checkpoint, teacher (load_model)", record_parity)
 
 
@@ -268,8 +269,8 @@ def test_mae_pretrain_checkpoint(tmp_path, photo_batch, record_parity):
     torch.save({"model": sd}, tmp_path / "mae_pretrain_vit_tiny.pth")
     x = photo_batch(32, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     ref = reference(peer, x)
-    vk = vitkit.load_model(tmp_path / "mae_pretrain_vit_tiny.pth")
-    assert vk.provenance["imported_from"] == "mae" and vk.num_classes == 0
+    vk = vitkit.load_model(tmp_path / "mae_pretrain_vit_tiny.pth", tower="image")  # the encoder (whole: test_load_whole)
+    assert vk.provenance["imported_from"] == "mae" and vk.num_classes == 0 and vk.family == "vit"
     check(vk, x, ref, "MAE pretraining checkpoint, encoder (load_model)", record_parity)
     # the table vitkit generates for a sin-cos model (e.g. when it is resized) is the one MAE stored
     torch.testing.assert_close(vk.pos_embed.detach()[0, 1:], sincos_2d_pos_embed(128, (4, 4)), atol=1e-6, rtol=0)

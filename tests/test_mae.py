@@ -22,7 +22,7 @@ from vitkit.models.mae import (
     reconstruction_loss,
     unpatchify,
 )
-from vitkit.weights.importers.mae_decoder import mae_decoder_state
+from vitkit.weights.importers.mae import mae_decoder_state
 
 
 def test_masking_keeps_the_lowest_noise_and_restores_order():
@@ -87,7 +87,8 @@ def test_parity_with_transformers_vitmae(norm_pix, tmp_path):
         ref = peer(pixel_values=x, noise=noise)
     assert ref.logits.std() > 1e-3
 
-    encoder = vitkit.load_model(tmp_path / "mae").eval()  # the HF folder: the encoder half
+    # the pieces by hand (the whole model in one call: tests/test_load_whole.py): the folder's encoder, a decoder
+    encoder = vitkit.load_model(tmp_path / "mae", tower="image").eval()
     decoder = MaeDecoder(64, (4, 4), 8, 3, 1, decoder_dim=32, depth=2, num_heads=4, mlp_ratio=2.0).eval()
     assert torch.allclose(decoder.decoder_pos_embed, hf_table, atol=1e-6)  # the same fixed sin-cos table
     decoder.load_state_dict(mae_decoder_state(load_file(str(tmp_path / "mae" / "model.safetensors"))))

@@ -29,6 +29,11 @@ def tiny_overrides(name: str) -> dict:
     if entry.family == "swin":  # one block per stage (the first keeps a shifted pair), width 8, window 2
         n = len(cfg.depths)
         return {"img_size": 32, "embed_dim": 8, "depths": (2,) + (1,) * (n - 1), "num_heads": (1,) * n, "window_size": 2}
+    if entry.family in ("mae", "dino"):  # the ViT inside as small as the vit branch's; the decoder / head tiny
+        vit = cfg.encoder if entry.family == "mae" else cfg.backbone
+        small = {"depth": 1, "embed_dim": 4 * vit.num_heads, "img_size": 2 * vit.patch_size}
+        return small | ({"decoder_dim": 8, "decoder_depth": 1, "decoder_heads": 2} if entry.family == "mae"
+                        else {"out_dim": 8, "hidden_dim": 8, "bottleneck_dim": 4})
     return {"img_size": 16}
 
 
@@ -74,6 +79,8 @@ def test_tiny_forward_backward_reset_and_round_trip(name, tmp_path):
     unused = {"mask_token"}  # only takes part when patches are masked
     if model.family == "clip":  # the text tower and temperature are not on the image path
         unused |= {n for n, _ in model.named_parameters() if n.startswith("text.")} | {"logit_scale"}
+    if model.family in ("mae", "dino"):  # the decoder / the DINO head are not on the image path
+        unused |= {n for n, _ in model.named_parameters() if not n.startswith(f"{model.image_attr}.")}
     for n, p in model.named_parameters():
         if p.requires_grad and n not in unused:
             assert p.grad is not None and torch.isfinite(p.grad).all(), n

@@ -169,10 +169,17 @@ def test_without_the_clip_extra_the_error_names_it(pair, capsys, monkeypatch):
 
 def test_a_registered_name_reads_open_clips_file_from_the_hub_cache(pair, tmp_path, monkeypatch, capsys):
     """`clip_vit_base_patch32.openai` is open_clip's file in timm's hub repo (here a small pair placed in a local
-    cache, offline); not cached and offline: one line naming the repo and file."""
+    cache, offline, with the registered name made as small); not cached and offline: one line naming the repo and
+    file."""
     from huggingface_hub import constants
 
+    from vitkit.models import get_entry
+    from vitkit.models.clip import ClipConfig, clip_vision
+
     d, peer, path = pair
+    small = ClipConfig(embed_dim=32, vision=clip_vision(128, 1, 8, img_size=32), text_width=128, text_heads=2,
+                       text_layers=1)  # the fixture's pair: a registered name builds its registered architecture
+    monkeypatch.setattr(get_entry("clip_vit_base_patch32"), "cfg", small)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     rc, out, err = run_cli(["zeroshot", "clip_vit_base_patch32.openai", d / "coffee.png", "--labels", "cat"], capsys)

@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, ConfigError
-from .models import Preprocess, get_entry, get_family, list_models
+from .models import FAMILIES, Preprocess, get_entry, get_family, list_models
 from .models.registry import ModelEntry
 from .weights.convert import StateDict, to_vitkit
 from .weights.infer import infer_config
 from .weights.io import parse_vitkit_meta, read_any, read_safetensors_meta, resolve_path, save_checkpoint
 from .weights.labels import imagenet1k_class_names, is_imagenet1k_tag
+from .weights.layouts import hub_files
 from .weights.load import load_into
 from .weights.notes import note_once
 
@@ -48,6 +49,36 @@ class Checkpoint:
         w = next((self.state_dict[k] for k in (f"{head_names[0]}.weight", f"{head_names[0]}.fc.weight")
                   if k in self.state_dict), None) if head_names else None
         return int(w.shape[0]) if w is not None else None
+
+    def tower(self, name: str) -> Checkpoint:
+        """The part of a whole model (a CLIP pair, an MAE with its decoder, DINO with its head) that its family's
+        model names `name` in `towers` (module, config field), as a checkpoint of that part's own family. A
+        family that declares no towers is its own image tower (`tower("image")` is the checkpoint itself)."""
+        towers = getattr(get_family(self.family).model, "towers", {})
+        if name not in towers:
+            if name == "image" and not towers:
+                return self
+            known = ", ".join(towers) or "none"
+            raise ConfigError(f"a {self.family} model has no tower {name!r} (towers: {known})")
+        module, config_field = towers[name]
+        sub = getattr(self.config, config_field)
+        family = next(f.name for f in FAMILIES.values() if type(sub) is f.config)
+        prefix = f"{module}."
+        sd = {k[len(prefix):]: v for k, v in self.state_dict.items() if k.startswith(prefix)}
+        prov = {k: v for k, v in self.provenance.items() if k != "arch"}  # the whole's name is not the tower's
+        prov |= {"tower": name} | ({"tower_of": self.provenance["arch"]} if "arch" in self.provenance else {})
+        return dataclasses.replace(self, state_dict=sd, family=family, config=sub, class_names=None, provenance=prov)
+
+    def as_family(self, family: str | None, what: str = "this model") -> Checkpoint:
+        """This checkpoint, or the tower of it that is a `family` model (a ViT from a CLIP pair or an MAE), for
+        loading into `what`."""
+        if self.family == family:
+            return self
+        for name in getattr(get_family(self.family).model, "towers", {}):
+            part = self.tower(name)
+            if part.family == family:
+                return part
+        raise CheckpointError(f"{self.path} holds a {self.family} model; {what} is a {family} model")
 
 
 # what a file name ends with, so that `vit_base_patch16_224.safetensors` (a missing file) is not read as a tag
@@ -92,17 +123,31 @@ def _read_pretrained(name: str) -> Checkpoint:
     """The hub weights of `name.tag` (cached or downloaded), with the class names they imply."""
     from .weights.hub import download_weights, resolve_pretrained
 
-    repo = resolve_pretrained(name, get_entry(name).hub)
-    ckpt = read_checkpoint(download_weights(repo))
+    entry = get_entry(name)
+    repo = resolve_pretrained(name, entry.hub)
+    files = hub_files(entry.family)  # where the repo keeps this family's weights (a CLIP pair: open_clip's file)
+    for i, filename in enumerate(files):
+        try:
+            path = download_weights(repo, filename)
+            break
+        except CheckpointError:  # no such file in the repo: the next choice, if any
+            if i == len(files) - 1:
+                raise
+    ckpt = read_checkpoint(path)
     ckpt.provenance["source"] = f"hub:{repo}"
     if not ckpt.class_names:
         ckpt.class_names = _published_class_names(name, ckpt.head_classes(get_family(ckpt.family).model.head_names))
     return ckpt
 
 
-def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
+def read_checkpoint(path: str | os.PathLike | dict) -> Checkpoint:
     """Any supported checkpoint file or HF folder, read once (see weights.io.read_any and weights.convert);
-    a pretrained `name.tag` (see `pretrained_name`) reads its hub file."""
+    a pretrained `name.tag` (see `pretrained_name`) reads its hub file; a dict is a checkpoint already read
+    (`torch.load(..., weights_only=True)` of a foreign file), imported by its keys."""
+    if isinstance(path, dict):
+        imported = to_vitkit(path)
+        return Checkpoint("state dict", imported.state_dict, imported.layout, imported.family, imported.config,
+                          imported.preprocess, imported.class_names, {"source": "state dict"}, dict(imported.hints))
     name = pretrained_name(path)
     if name is not None:
         return _read_pretrained(name)
@@ -154,7 +199,9 @@ def create_model(
     ckpt = None
     if pretrained and checkpoint_path is None:
         if not entry.pretrained:
-            raise ConfigError(f"no pretrained weights are registered for {entry.name}; pass checkpoint_path=")
+            from .weights.hub import LOCAL_WEIGHTS_HINT
+
+            raise ConfigError(f"no pretrained weights are registered for {entry.name}; {LOCAL_WEIGHTS_HINT}")
         tag = name.partition(".")[2] or next(iter(entry.pretrained))
         ckpt = _read_pretrained(f"{entry.name}.{tag}")
     elif checkpoint_path is not None:
@@ -168,8 +215,8 @@ def create_model(
 
 
 def _build(entry: ModelEntry, ckpt: Checkpoint | None, num_classes, img_size, overrides: dict) -> nn.Module:
-    if ckpt is not None and ckpt.family != entry.family:
-        raise CheckpointError(f"{ckpt.path} holds a {ckpt.family} model; {entry.name} is a {entry.family} model")
+    if ckpt is not None:
+        ckpt = ckpt.as_family(entry.family, entry.name)  # a whole model's file gives the tower of this family
     if num_classes is None and ckpt is not None:
         num_classes = ckpt.head_classes(get_family(entry.family).model.head_names)
     if num_classes is not None:
@@ -185,9 +232,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True)
 
 
 def _load(model: nn.Module, ckpt: Checkpoint, strict: bool) -> dict:
-    family = getattr(model, "family", None)
-    if family != ckpt.family:
-        raise CheckpointError(f"{ckpt.path} holds a {ckpt.family} model; this model is a {family} model")
+    ckpt = ckpt.as_family(getattr(model, "family", None))
     if ckpt.class_names and model.num_classes == len(ckpt.class_names):
         model.class_names = list(ckpt.class_names)
     _check_hints(model, ckpt.hints, ckpt.path)
@@ -212,47 +257,54 @@ def _check_hints(model: nn.Module, hints: dict, path) -> None:
 
 
 def load_model(
-    path: str | os.PathLike,
+    path: str | os.PathLike | dict,
     *,
     model_name: str | None = None,
+    tower: str | None = None,
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
     device: str | torch.device = "cpu",
     **overrides: Any,
 ) -> nn.Module:
-    """Rebuild a model of any registered family from a file alone.
+    """Rebuild a model of any registered family from a file alone (or a foreign checkpoint already read, a dict).
 
     vitkit files carry their family and config; foreign checkpoints are imported and their architecture is
-    read off the shapes (plus config.json for HF folders). `model_name` forces a registered architecture.
+    read off the shapes (plus config.json for HF folders). A pretraining file gives the whole model: a CLIP
+    pair (both towers), an MAE with its decoder, DINO with its head; `tower="image"` gives its image model alone
+    (the ViT; any other model is its own image tower). `model_name` forces a registered architecture.
     `num_classes`, `img_size` and config overrides (e.g. `in_chans=1`) adapt the model as it loads.
     """
     name = pretrained_name(path)
-    if name is not None and model_name in (None, name.partition(".")[0]):
+    if name is not None and model_name in (None, name.partition(".")[0]) and tower is None:
         # published weights by name: the registered architecture and preprocessing, the hub's weights
         return create_model(name, pretrained=True, num_classes=num_classes, img_size=img_size,
                             **overrides).to(device)
     ckpt = read_checkpoint(path)
+    if tower is not None:
+        ckpt = ckpt.tower(tower)
+    source = ckpt.path
     if model_name is not None:
         model = _build(get_entry(model_name), ckpt, num_classes, img_size, overrides)
         _load(model, ckpt, strict=True)
         return _with_fast_paths(model).to(device)
     fam = get_family(ckpt.family)
     cfg = ckpt.config
+    read_whole_config = cfg is not None  # a ViT importer leaves the config to weights.infer (heads assumed)
     guessed = None
     if cfg is not None and ckpt.layout != "vitkit" and ckpt.preprocess is None:  # a non-ViT foreign file
-        ckpt.preprocess, guessed = _registered_preprocess(fam.name, cfg, str(path))
+        ckpt.preprocess, guessed = _registered_preprocess(fam.name, cfg, source)
     if cfg is None:
         hints = dict(ckpt.hints)
         if overrides.get("num_heads") is not None:  # the caller states it: nothing to assume
             hints["num_heads"] = overrides["num_heads"]
         try:
-            cfg = infer_config(ckpt.state_dict, hints, source=str(path))
+            cfg = infer_config(ckpt.state_dict, hints, source=source)
         except CheckpointError:
             raise
         except Exception as e:  # shapes that do not form a ViT
-            raise CheckpointError(f"{path}: cannot infer a ViT architecture from the weights ({e})") from None
+            raise CheckpointError(f"{source}: cannot infer a ViT architecture from the weights ({e})") from None
         if ckpt.preprocess is None:
-            ckpt.preprocess, guessed = _guess_preprocess(cfg, str(path))
+            ckpt.preprocess, guessed = _guess_preprocess(cfg, source)
     trained_classes = cfg.num_classes
     changes = fam.translate_kwargs(dict(overrides)) if (overrides and fam.translate_kwargs) else dict(overrides)
     if num_classes is not None:
@@ -266,14 +318,22 @@ def load_model(
         pre = dataclasses.replace(pre, input_size=(pre.input_size[0], *cfg.img_size)).for_channels(cfg.in_chans)
     class_names = ckpt.class_names if cfg.num_classes == trained_classes else None
     prov = _true_arch(ckpt.provenance, fam, cfg)
-    if ckpt.family != "vit" and guessed in list_models(family=ckpt.family) and "arch" not in prov:
-        prov["arch"] = guessed  # a foreign file with a registered name's architecture
+    if read_whole_config and ckpt.layout != "vitkit" and "arch" not in prov:
+        # a foreign file with a registered name's architecture (as given, or as the overrides made it)
+        named = guessed if guessed in list_models(family=ckpt.family) else _registered_name(fam.name, cfg)
+        if named:
+            prov["arch"] = named
     model = fam.model(cfg, preprocess=pre, class_names=class_names, provenance=prov)
-    load_into(model, ckpt.state_dict, strict=True, source=str(path))
+    load_into(model, ckpt.state_dict, strict=True, source=source)
     model.provenance["imported_from"] = ckpt.layout
     if guessed:
         model.provenance["preprocess_from"] = guessed
     return _with_fast_paths(model).to(device)
+
+
+def _registered_name(family: str, cfg) -> str | None:
+    """The registered name of `family` whose config is exactly `cfg`, if any."""
+    return next((n for n in list_models(family=family) if get_entry(n).cfg == cfg), None)
 
 
 def _with_fast_paths(model: nn.Module) -> nn.Module:

@@ -6,9 +6,9 @@ are exp(logit_scale) * cos(image embedding, class embedding); probabilities are 
 `build_zero_shot_classifier` and CLIP's evaluation. Templates: `imagenet` (OpenAI's 80), `simple`
 ("a photo of a {}."), or a text file with one template per line.
 
-`load_clip` reads the pair from a vitkit file of the `clip` family, an OpenAI / open_clip checkpoint with both
-towers (.safetensors, .bin/.pt through the weights-only unpickler, an HF folder) or a registered name with a
-pretrained tag (`clip_vit_base_patch32.openai`: open_clip's file from the Hugging Face hub cache).
+`load_clip` is `vitkit.load_model` of a CLIP pair (a vitkit file of the `clip` family, an OpenAI / open_clip
+checkpoint with both towers, a registered name with a pretrained tag such as `clip_vit_base_patch32.openai`:
+open_clip's file from the Hugging Face hub cache), refused in one line when the file is not one.
 """
 from __future__ import annotations
 
@@ -21,66 +21,54 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import CheckpointError, ConfigError
+from .models.protocol import require
 
 TEMPLATE_FILE = Path(__file__).resolve().parent / "assets" / "clip_imagenet_templates.txt"
 SIMPLE_TEMPLATES = ("a photo of a {}.",)
+_PAIR = "encode_text"  # the capability of a model with a text tower (models/protocol.py)
 
 
 # ---------------------------------------------------------------------------- loading a pair
-def load_clip(source: str | os.PathLike | dict, *, act: str = "quick_gelu", text_heads: int | None = None,
+def load_clip(source: str | os.PathLike | dict, *, act: str | None = None, text_heads: int | None = None,
               vision_heads: int | None = None, device: str | torch.device = "cpu", **overrides) -> nn.Module:
-    """A ClipModel from a file, a folder, a `name.tag`, or a state dict already read.
+    """A CLIP pair (ClipModel) from a file, a folder, a `name.tag`, or a state dict already read.
 
     `act`, `text_heads`, `vision_heads` apply to foreign checkpoints, which do not record them (OpenAI's:
-    QuickGELU and 64-wide heads, the defaults; open_clip's LAION/DataComp weights: act="gelu").
-    `overrides` change the config as it loads (e.g. img_size=336 resamples the position table)."""
-    from .weights.importers.clip_text import HUB_FILES, clip_from_state_dict
+    QuickGELU and 64-wide heads, what is assumed; open_clip's LAION/DataComp weights: act="gelu"); a vitkit
+    file states its own. `overrides` change the config as it loads (e.g. img_size=336 resamples the position
+    table)."""
+    from .api import load_model
 
     if isinstance(source, dict):
-        return clip_from_state_dict(source, "state dict", act, text_heads, vision_heads, **overrides).to(device)
-    from .api import load_model
-    from .weights.io import parse_vitkit_meta, read_any, read_safetensors_meta, resolve_path
+        from .weights.convert import unwrap
+        from .weights.importers.clip_text import check_clip_pair
 
-    hub = _hub_file(str(source))
-    p = hub[0] if hub else resolve_path(source)
-    if p.is_dir():  # a hub snapshot holds timm's image tower (model.safetensors) beside open_clip's pair
-        p = next((p / f for f in HUB_FILES if (p / f).is_file()), p)
-    meta = read_safetensors_meta(p) if p.is_file() and p.suffix.lower() == ".safetensors" else {}
-    vk = parse_vitkit_meta(meta, p)
-    if vk is not None:
-        if vk["family"] != "clip":
-            raise CheckpointError(f"{source} holds a {vk['family']} model, not a CLIP pair (image and text towers); "
-                                  "zero-shot needs a clip-family checkpoint or an OpenAI / open_clip file")
-        return load_model(p, device=device, **overrides)
-    raw, _, _ = read_any(p)
-    model = clip_from_state_dict(raw, str(source), act, text_heads, vision_heads, **overrides)
-    if hub:
-        model.provenance["source"] = f"hub:{hub[1]}"
-    return model.to(device)
+        check_clip_pair(unwrap(source))  # why a dict is no pair, in the pair's own terms
+    if not _states_its_config(source):
+        stated = {"act": act, "text_heads": text_heads, "num_heads": vision_heads}
+        overrides = {k: v for k, v in stated.items() if v is not None} | overrides
+    model = load_model(source, device=device, **overrides)
+    if _PAIR not in model.capabilities:
+        tower_only = model.provenance.get("imported_from") in ("clip", "open_clip-timm")
+        why = ("the image tower only (no token_embedding / text_projection): zero-shot needs the text tower too"
+               if tower_only else f"a {model.family} model")
+        where = "the state dict" if isinstance(source, dict) else source
+        raise CheckpointError(f"{where} is not a CLIP pair (image and text towers), it holds {why}; zero-shot "
+                              "needs a clip-family checkpoint or an OpenAI / open_clip file with both towers")
+    return model
 
 
-def _hub_file(name: str) -> tuple[Path, str] | None:
-    """`clip_vit_base_patch32.openai` (or the bare name) -> (open_clip's file of that pair in the hub cache,
-    downloaded once; the repo); None when `name` is not a registered CLIP name."""
-    from .weights.importers.clip_text import HUB, HUB_FILES
+def _states_its_config(source) -> bool:
+    """A vitkit file or a registered name: the activation and head counts are known, nothing is assumed."""
+    from .api import pretrained_name
+    from .weights.io import parse_vitkit_meta, read_safetensors_meta, resolve_path
 
-    if os.path.exists(name) or "/" in name:
-        return None
-    base, _, tag = name.partition(".")
-    if base not in HUB:
-        return None
-    tags = HUB[base]
-    if tag and tag not in tags:
-        if tag.lower() in ("safetensors", "pth", "pt", "bin"):
-            return None  # a file name that does not exist: the reader says so
-        raise ConfigError(f"{base} has no pretrained tag {tag!r}; known: {', '.join(tags)}")
-    from .weights.hub import download_weights
-
-    repo = tags[tag or next(iter(tags))]
-    try:
-        return download_weights(repo, HUB_FILES[0]), repo
-    except CheckpointError:  # a repo that holds the pickle only
-        return download_weights(repo, HUB_FILES[1]), repo
+    if isinstance(source, dict):
+        return False
+    if pretrained_name(source) is not None:
+        return True
+    p = resolve_path(source)
+    return p.is_file() and p.suffix.lower() == ".safetensors" and parse_vitkit_meta(read_safetensors_meta(p), p) is not None
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -131,9 +119,7 @@ def parse_labels(text: str | Sequence[str]) -> list[str]:
 
 # ---------------------------------------------------------------------------- the classifier
 def _check_pair(model) -> None:
-    if not hasattr(model, "encode_text"):
-        raise ConfigError(f"zero-shot needs a CLIP pair (image and text towers); this is a "
-                          f"{getattr(model, 'family', type(model).__name__)} model")
+    require(model, _PAIR, "zero-shot")
 
 
 @torch.no_grad()

@@ -8,8 +8,9 @@
 - `logit_scale`: a learned temperature; logits are exp(logit_scale) * cos(image, text).
 
 Key names: `visual.*` are the ViT's; the text tower uses the same block names (`text.blocks.{i}.norm1`,
-`attn.qkv`, `mlp.fc1`, ...), so OpenAI/open_clip checkpoints map through one rename table
-(weights/importers/clip_text.py). Both towers share the activation (`vision.act`: quick_gelu for OpenAI's
+`attn.qkv`, `mlp.fc1`, ...), so OpenAI/open_clip checkpoints map through one rename table (the family's layout,
+weights/importers/clip_text.py): `vitkit.load_model` of such a file is the whole pair; `tower="image"` (or
+`.visual`) the image tower alone. Both towers share the activation (`vision.act`: quick_gelu for OpenAI's
 weights, gelu for most open_clip ones) and LayerNorm eps, as open_clip's one `quick_gelu` switch does.
 
 As a VitkitModel the image side is the model: `forward_features`/`forward_head` run the image tower,
@@ -31,7 +32,7 @@ from ..errors import ConfigError
 from ..layers import Attention, Block
 from ..layers.attention import sdpa_is_slower
 from .config import ACTS, CLIP_MEAN, CLIP_STD, ModelConfig, Preprocess, ViTConfig
-from .registry import register_family, register_model
+from .registry import Pretrained, register_family, register_model
 from .vision_transformer import VisionTransformer
 
 
@@ -184,8 +185,10 @@ class TextTransformer(nn.Module):
 class ClipModel(nn.Module):
     head_names = ("head",)  # the classifier on the image embedding (`visual.head` is the image projection)
     # the image tower has attention maps and a position table, but the commands that use them run a ViT's
-    # own forward (return_attn, token masks), which this model does not expose: none declared
-    capabilities = frozenset()
+    # own forward (return_attn, token masks), which this model does not expose; its feature maps it does, and
+    # the text side (zero-shot)
+    capabilities = frozenset({"intermediates", "encode_text"})
+    towers = {"image": ("visual", "vision")}  # name -> (module, config field): load_model(path, tower="image")
 
     def __init__(self, cfg: ClipConfig | None = None, *, preprocess: Preprocess | None = None, class_names=None,
                  provenance=None, **overrides):
@@ -235,6 +238,20 @@ class ClipModel(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> the image tower's normalised tokens [B, 1 + N, D]."""
         return self.visual.forward_features(x)
+
+    @property
+    def output_fmts(self) -> tuple[str, ...]:
+        return self.visual.output_fmts
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """The image tower's maps (one per block), named from this model."""
+        return [e | {"module": f"visual.{e['module']}"} for e in self.visual.feature_info]
+
+    def forward_intermediates(self, x: torch.Tensor, indices=None, **kwargs):
+        """The image tower's `forward_intermediates` (the contract: models/features.py); the final features
+        are its normalised tokens, as `forward_features`."""
+        return self.visual.forward_intermediates(x, indices, **kwargs)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> the image embedding [B, E] (`pre_logits`, or no classifier) or the classifier's logits
@@ -305,15 +322,24 @@ class ClipModel(nn.Module):
 register_family("clip", ClipConfig, ClipModel)
 
 _CLIP = dict(group="clip", mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0, interpolation="bicubic")
-# OpenAI's three ViT CLIPs (open_clip's ViT-B-32, ViT-B-16, ViT-L-14 with quick_gelu). Weights: not on timm's
-# model hub in this family's layout; vitkit.zeroshot.load_clip reads their open_clip files (hub or local).
+
+
+def _openai(timm_name: str) -> dict[str, Pretrained]:
+    """OpenAI's weights of a pair: open_clip's file of it in timm's hub repo (weights/importers/clip_text.py)."""
+    return {"openai": Pretrained(hub=f"timm/{timm_name}.openai", license="mit")}
+
+
+# OpenAI's three ViT CLIPs (open_clip's ViT-B-32, ViT-B-16, ViT-L-14 with quick_gelu).
 register_model("clip_vit_base_patch32", "clip", ClipConfig(embed_dim=512, vision=clip_vision(768, 12, 32)),
-               notes="OpenAI CLIP ViT-B/32 (open_clip ViT-B-32-quickgelu): image and text towers", **_CLIP)
+               notes="OpenAI CLIP ViT-B/32 (open_clip ViT-B-32-quickgelu): image and text towers",
+               pretrained=_openai("vit_base_patch32_clip_224"), **_CLIP)
 register_model("clip_vit_base_patch16", "clip", ClipConfig(embed_dim=512, vision=clip_vision(768, 12, 16)),
-               notes="OpenAI CLIP ViT-B/16 (open_clip ViT-B-16-quickgelu): image and text towers", **_CLIP)
+               notes="OpenAI CLIP ViT-B/16 (open_clip ViT-B-16-quickgelu): image and text towers",
+               pretrained=_openai("vit_base_patch16_clip_224"), **_CLIP)
 register_model("clip_vit_large_patch14", "clip",
                ClipConfig(embed_dim=768, vision=clip_vision(1024, 24, 14), text_width=768, text_heads=12),
-               notes="OpenAI CLIP ViT-L/14 (open_clip ViT-L-14-quickgelu): image and text towers", **_CLIP)
+               notes="OpenAI CLIP ViT-L/14 (open_clip ViT-L-14-quickgelu): image and text towers",
+               pretrained=_openai("vit_large_patch14_clip_224"), **_CLIP)
 # A few-hundred-thousand-parameter pair (plus the 49,408-row token table) for tests and examples.
 register_model("clip_vit_tiny_test", "clip",
                ClipConfig(embed_dim=32, vision=clip_vision(32, 2, 8, img_size=32, num_heads=2), text_width=32,

@@ -4,13 +4,28 @@ token seam (`keep=`); a light decoder fills in mask tokens and predicts the pixe
 Key names are MAE's own (`decoder_embed`, `mask_token`, `decoder_pos_embed`, `decoder_blocks.{i}`,
 `decoder_norm`, `decoder_pred`), so the original checkpoints' decoders load as they are; the encoder is a
 plain VisionTransformer and is what the trainer saves for fine-tuning.
+
+The `mae` family is the whole pretraining model (`MaeModel`: `encoder.*` + `decoder.*`, the names transformers'
+ViTMAEForPreTraining gives its decoder too), what `vitkit.load_model` gives for an MAE pretraining checkpoint
+(original or transformers'). As a VitkitModel it is its encoder (models/towers.py); `model(x, noise=...)` or
+`model(x, mask_ratio=...)` is the MAE step, with the decoder settings and the loss of the file's config.
 """
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from ..layers import Block, sincos_2d_pos_embed
+from . import vit_variants  # noqa: F401  (registers the MAE encoders the names below are built on)
+from .config import ACTS, ModelConfig, Preprocess, ViTConfig
+from .registry import get_entry, register_family, register_model
+from .towers import ImageTowerModel
+from .vision_transformer import VisionTransformer
 
 
 def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -50,7 +65,7 @@ class MaeDecoder(nn.Module):
 
     def __init__(self, embed_dim: int, grid: tuple[int, int], patch_size: int, in_chans: int,
                  num_prefix_tokens: int = 1, decoder_dim: int = 512, depth: int = 8, num_heads: int = 16,
-                 mlp_ratio: float = 4.0, eps: float = 1e-6):
+                 mlp_ratio: float = 4.0, eps: float = 1e-6, act: str = "gelu"):
         super().__init__()
         self.num_prefix_tokens, self.patch_size, self.in_chans = num_prefix_tokens, patch_size, in_chans
         self.decoder_embed = nn.Linear(embed_dim, decoder_dim)
@@ -60,7 +75,7 @@ class MaeDecoder(nn.Module):
         table[0, num_prefix_tokens:] = sincos_2d_pos_embed(decoder_dim, grid)
         self.decoder_pos_embed = nn.Parameter(table, requires_grad=False)
         self.decoder_blocks = nn.ModuleList(
-            Block(decoder_dim, num_heads, mlp_ratio, qkv_bias=True, eps=eps) for _ in range(depth))
+            Block(decoder_dim, num_heads, mlp_ratio, qkv_bias=True, act=act, eps=eps) for _ in range(depth))
         self.decoder_norm = nn.LayerNorm(decoder_dim, eps=eps)
         self.decoder_pred = nn.Linear(decoder_dim, patch_size * patch_size * in_chans)
         for m in self.modules():  # MAE's init: xavier Linear, zero biases, LayerNorm ones/zeros
@@ -125,3 +140,119 @@ def reconstruct(pred: torch.Tensor, images: torch.Tensor, mask: torch.Tensor,
     masked = unpatchify(target.masked_fill(hidden, 0.0), patch_size, grid, C)
     filled = unpatchify(torch.where(hidden, pred, target), patch_size, grid, C)
     return masked, filled
+
+
+# ---------------------------------------------------------------------------- the whole pretraining model
+def _mae_encoder(size: str = "base", patch_size: int = 16) -> ViTConfig:
+    return get_entry(f"vit_{size}_patch{patch_size}_mae").cfg
+
+
+@dataclass
+class MaeConfig(ModelConfig):
+    _what = "MAE config"
+
+    encoder: ViTConfig = field(default_factory=_mae_encoder)
+    decoder_dim: int = 512  # MAE's decoder for every encoder size: 512 wide, 8 blocks, 16 heads
+    decoder_depth: int = 8
+    decoder_heads: int = 16
+    decoder_mlp_ratio: float = 4.0
+    decoder_eps: float = 1e-6  # MAE: LayerNorm eps 1e-6; transformers' ViTMAE: its layer_norm_eps (1e-12)
+    decoder_act: str = "gelu"
+    mask_ratio: float = 0.75
+    norm_pix_loss: bool = True  # MAE's recommended target (its released decoders were trained with it)
+
+    def __post_init__(self):
+        if isinstance(self.encoder, dict):
+            self.encoder = ViTConfig.from_dict(self.encoder)
+        if not isinstance(self.encoder, ViTConfig):
+            raise ConfigError(f"an MAE config's encoder must be a ViT config, got {type(self.encoder).__name__}")
+        if not 0 < self.mask_ratio < 1:
+            raise ConfigError(f"mask_ratio must be in (0, 1), got {self.mask_ratio}")
+        if self.decoder_dim <= 0 or self.decoder_heads <= 0 or self.decoder_dim % self.decoder_heads:
+            raise ConfigError(f"decoder_dim {self.decoder_dim} must be a positive multiple of decoder_heads "
+                              f"{self.decoder_heads}")
+        if self.decoder_dim % 4:
+            raise ConfigError(f"decoder_dim {self.decoder_dim} must be divisible by 4 (its 2-D sin-cos table)")
+        if self.decoder_depth < 0:
+            raise ConfigError(f"decoder_depth must be >= 0, got {self.decoder_depth}")
+        if self.decoder_act not in ACTS:
+            raise ConfigError(f"decoder_act must be one of {ACTS}")
+
+    # what every family's config has (ModelConfig): the encoder's size, channels and head
+    @property
+    def img_size(self) -> tuple[int, int]:
+        return self.encoder.img_size
+
+    @property
+    def in_chans(self) -> int:
+        return self.encoder.in_chans
+
+    @property
+    def num_classes(self) -> int:
+        return self.encoder.num_classes
+
+    def replace(self, **overrides: Any) -> MaeConfig:
+        """Own fields by name; ViT field names (img_size, num_classes, depth, ...) go to the encoder."""
+        own = {f.name for f in dataclasses.fields(self)}
+        vit_fields = {f.name for f in dataclasses.fields(ViTConfig)}
+        unknown = sorted(set(overrides) - own - vit_fields)
+        if unknown:
+            raise ConfigError(f"unknown model option(s) {unknown} for a {self._what}; valid options: "
+                              f"{', '.join(sorted(own))} and the encoder's ({', '.join(sorted(vit_fields))})")
+        mine = {k: v for k, v in overrides.items() if k in own}
+        encoder = mine.pop("encoder", self.encoder)
+        if isinstance(encoder, dict):
+            encoder = ViTConfig.from_dict(encoder)
+        to_encoder = {k: v for k, v in overrides.items() if k not in own}
+        if to_encoder:
+            encoder = encoder.replace(**to_encoder)
+        return dataclasses.replace(self, encoder=encoder, **mine)
+
+
+class MaeModel(ImageTowerModel):
+    """MAE's pretraining model: `encoder` (a VisionTransformer) and `decoder` (MaeDecoder).
+
+    `model(images)`: the encoder's output, as every VitkitModel (logits, or its pooled features without a head).
+    `model(images, noise=noise)` ([B, L], the masking of transformers' ViTMAE `noise=`) or `model(images,
+    mask_ratio=r)` (random masking): MAE's step, {"loss", "pred" [B, L, P*P*C], "mask" [B, L], "ids_restore"}.
+    """
+
+    image_attr = "encoder"
+    towers = {"image": ("encoder", "encoder")}  # name -> (module, config field): load_model(path, tower="image")
+    head_names = ("encoder.head", "encoder.head_dist")
+    # the encoder's feature maps; its attention maps and token seam are reached through `model.encoder`
+    capabilities = frozenset({"intermediates"})
+
+    def __init__(self, cfg: MaeConfig | None = None, *, preprocess: Preprocess | None = None, class_names=None,
+                 provenance=None, **overrides):
+        super().__init__()
+        cfg = cfg or MaeConfig()
+        cfg = cfg.replace(**overrides) if overrides else cfg
+        self.cfg = cfg
+        self.encoder = VisionTransformer(cfg.encoder, preprocess=preprocess)
+        self.preprocess = self.encoder.preprocess
+        self.num_classes = cfg.num_classes
+        self.num_features = self.embed_dim = self.encoder.num_features
+        self.class_names = list(class_names) if class_names else None
+        self.provenance = dict(provenance or {})
+        e = self.encoder
+        self.decoder = MaeDecoder(e.embed_dim, e.patch_embed.grid_size, cfg.encoder.patch_size, cfg.in_chans,
+                                  e.num_prefix_tokens, cfg.decoder_dim, cfg.decoder_depth, cfg.decoder_heads,
+                                  cfg.decoder_mlp_ratio, cfg.decoder_eps, cfg.decoder_act)
+
+    def forward(self, images: torch.Tensor, noise: torch.Tensor | None = None, *, mask_ratio: float | None = None):
+        if noise is None and mask_ratio is None:
+            return self.encoder(images)
+        ratio = self.cfg.mask_ratio if mask_ratio is None else mask_ratio
+        return mae_forward(self.encoder, self.decoder, images, ratio, noise, self.cfg.norm_pix_loss)
+
+
+register_family("mae", MaeConfig, MaeModel)
+
+# MAE's three pretraining models (facebookresearch/mae models_mae.py: mae_vit_{base,large}_patch16_dec512d8b,
+# mae_vit_huge_patch14_dec512d8b); the released files are MAE's own (.pth), read by `vitkit.load_model`.
+for _size, _patch in (("base", 16), ("large", 16), ("huge", 14)):
+    register_model(f"mae_vit_{_size}_patch{_patch}", "mae", MaeConfig(encoder=_mae_encoder(_size, _patch)),
+                   group="mae", crop_pct=0.875,
+                   notes=f"MAE pretraining model: the ViT-{_size[0].upper()}/{_patch} encoder and a 512-wide, "
+                         "8-block decoder")

@@ -21,6 +21,7 @@ CAPABILITIES = {
     "pos_resample": "a position table to resample",
     "intermediates": "forward_intermediates",
     "token_seam": "token masking / dropping (MAE, DINOv2)",
+    "encode_text": "a CLIP pair (image and text towers)",
 }
 
 

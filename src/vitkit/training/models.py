@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from ..api import checkpoint_family, create_model, load_model, save_model
+from ..api import checkpoint_family, create_model, load_model, read_checkpoint, save_model
 from ..models import get_entry, get_family
 
 
@@ -23,10 +23,11 @@ def build(recipe, num_classes: int, data_channels: int, data_size: tuple[int, in
     if recipe.in_chans is not None:
         arch["in_chans"] = recipe.in_chans
     if finetune is not None:
-        if recipe.drop_path_rate is not None and hasattr(get_family(checkpoint_family(finetune)).config,
+        # a whole model (a CLIP pair, an MAE with its decoder, DINO with its head) fine-tunes its image tower
+        if recipe.drop_path_rate is not None and hasattr(get_family(image_tower_family(finetune)).config,
                                                           "drop_path_rate"):
             arch["drop_path_rate"] = recipe.drop_path_rate
-        model = load_any(finetune, num_classes=num_classes, img_size=recipe.img_size, **arch)
+        model = load_any(finetune, tower="image", num_classes=num_classes, img_size=recipe.img_size, **arch)
         model.provenance = {"arch": model.provenance.get("arch"), "finetuned_from": str(finetune)}
         return model
     family = get_family(get_entry(recipe.model).family)
@@ -37,6 +38,14 @@ def build(recipe, num_classes: int, data_channels: int, data_size: tuple[int, in
         arch.setdefault("in_chans", data_channels)
         size = size or data_size
     return create_model(recipe.model, num_classes=num_classes, img_size=size, **arch)
+
+
+def image_tower_family(path: str | os.PathLike) -> str:
+    """The family of the model a fine-tuning run trains from `path`: the file's own, or its image tower's."""
+    family = checkpoint_family(path)
+    if "image" not in getattr(get_family(family).model, "towers", {}):
+        return family
+    return read_checkpoint(path).tower("image").family
 
 
 def load_any(path: str | os.PathLike, **kw: Any) -> nn.Module:

@@ -1,72 +1,37 @@
-"""Every foreign checkpoint layout becomes timm/vitkit key names through one small filter.
+"""Every foreign checkpoint layout becomes a family's key names through one small filter.
 
-A layout is registered with `@layout(name, detect, family=...)`; `to_vitkit(raw)` unwraps training
-containers, strips wrapper prefixes, detects the layout by key signature and runs its filter. This runs on
-every load path: `create_model(checkpoint_path=...)`, `load_model`, `vitkit convert`, fine-tuning.
+A layout is registered with `@layout(name, detect, family=...)` (weights.layouts); `to_vitkit(raw)` unwraps
+training containers, strips wrapper prefixes, detects the layout by key signature and runs its filter. This
+runs on every load path: `create_model(checkpoint_path=...)`, `load_model`, `vitkit convert`, fine-tuning.
 
-A layout declares the model family it produces (`vit` unless it says otherwise, e.g. `swin`). A ViT's
-architecture is read off the shapes by weights.infer; an importer of another family returns its config
-in `Imported.config`.
+A layout declares the model family it produces (`vit` unless it says otherwise: `swin`, and the whole models of
+pretraining files: `clip` for a CLIP pair, `mae` for an MAE with its decoder, `dino` for a DINO backbone with its
+head). A ViT's architecture is read off the shapes by weights.infer; an importer of another family returns its
+config in `Imported.config`.
 """
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..errors import CheckpointError
+from . import importers  # noqa: F401  (each importer registers its layouts in LAYOUTS)
+from .layouts import LAYOUTS, Imported, Layout, StateDict, layout
+
+__all__ = ["LAYOUTS", "Imported", "Layout", "StateDict", "detect_layout", "layout", "strip_prefixes", "to_vitkit",
+           "unwrap"]
 
 log = logging.getLogger("vitkit")
-
-StateDict = dict[str, torch.Tensor]
-
-
-@dataclass
-class Imported:
-    """A state dict in vitkit names, plus what the source told us about the architecture."""
-
-    state_dict: StateDict
-    layout: str
-    hints: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields known from the source
-    dropped: list[str] = field(default_factory=list)  # source keys that have no place in the encoder
-    preprocess: Any = None  # models.config.Preprocess the source states (mean/std/crop), if any
-    class_names: list[str] | None = None
-    family: str = "vit"  # the model family the weights belong to (set from the layout)
-    config: Any = None  # the family's config read off the weights; None for a ViT (weights.infer reads it)
-
-
-@dataclass
-class Layout:
-    name: str
-    detect: Callable[[StateDict], bool]
-    convert: Callable[[StateDict, dict | None], Imported]
-    priority: int = 0
-    family: str = "vit"
-
-
-LAYOUTS: list[Layout] = []
-
-
-def layout(name: str, detect: Callable[[StateDict], bool], priority: int = 0, family: str = "vit"):
-    """Register `convert(sd, hf_config) -> Imported` for checkpoints whose keys satisfy `detect`; the
-    weights it returns belong to `family`."""
-
-    def register(fn):
-        LAYOUTS.append(Layout(name, detect, fn, priority, family))
-        LAYOUTS.sort(key=lambda lay: -lay.priority)
-        return fn
-
-    return register
 
 
 # Training scripts wrap the weights: DeiT/MAE {'model': sd}, DINO {'teacher': sd, 'student': sd},
 # Lightning {'state_dict': sd}, EMA copies. The first container found in this order wins.
 CONTAINERS = ("model_ema", "teacher", "model", "state_dict", "module", "net", "params")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "backbone.", "model.")
+DINO_HEAD_PREFIX = "head."  # DINO v1's MultiCropWrapper: `backbone.*` beside `head.*`
 
 
 def _is_tensor_dict(d: Any) -> bool:
@@ -99,8 +64,9 @@ def strip_prefixes(sd: StateDict) -> StateDict:
     Each prefix in WRAPPER_PREFIXES is tried in turn, repeatedly, until none applies (so `module._orig_mod.`
     goes too). A prefix is stripped when at least one key that carries it looks like a model key (its name
     matches patch_embed|embeddings|conv1|conv_proj|blocks|embedding); `model.` additionally needs every key
-    to carry it. Keys without the prefix are kept as they are, except for `backbone.`, where they are
-    dropped (the DINO head lives outside the backbone)."""
+    to carry it. Keys without the prefix are kept as they are, except for `backbone.`, where only DINO's
+    `head.*` (its projection head, which the `dino` layout reads) is kept and the rest (DINOv2's
+    `dino_head`/`ibot_head`) dropped."""
     changed = True
     while changed:
         changed = False
@@ -114,8 +80,8 @@ def strip_prefixes(sd: StateDict) -> StateDict:
                 for k, v in sd.items():
                     if k.startswith(prefix):
                         kept[k[len(prefix):]] = v
-                    elif prefix == "backbone.":
-                        continue  # DINO: anything outside the backbone (the DINO head) goes
+                    elif prefix == "backbone." and not k.startswith(DINO_HEAD_PREFIX):
+                        continue  # DINOv2's heads outside the backbone have no vitkit model
                     else:
                         kept[k] = v
                 sd = kept
@@ -124,7 +90,6 @@ def strip_prefixes(sd: StateDict) -> StateDict:
 
 
 def detect_layout(sd: StateDict) -> Layout:
-    _load_importers()
     for lay in LAYOUTS:
         try:
             if lay.detect(sd):
@@ -138,23 +103,10 @@ def detect_layout(sd: StateDict) -> Layout:
 
 
 def to_vitkit(raw: dict[str, Any], hf_config: dict | None = None, prefer: str | None = None) -> Imported:
-    """Any supported checkpoint (already read into a dict) -> vitkit/timm names."""
+    """Any supported checkpoint (already read into a dict) -> its family's names."""
     sd = unwrap(raw, prefer)
     lay = detect_layout(sd)
     out = lay.convert(sd, hf_config)
     out.layout = out.layout or lay.name
     out.family = lay.family
-    # importers may return what is not config under these two hint keys
-    out.preprocess = out.hints.pop("_preprocess", out.preprocess)
-    out.class_names = out.hints.pop("_class_names", out.class_names)
     return out
-
-
-_loaded = False
-
-
-def _load_importers() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from . import importers  # noqa: F401  (registers the layouts)

@@ -6,6 +6,11 @@ from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError, OfflineError
 
+# the local alternative to hub weights, for Python callers and command-line users alike: every command that
+# takes a checkpoint takes a file path where it takes a pretrained name
+LOCAL_WEIGHTS_HINT = ("use a local weights file (.safetensors/.pth/.bin/.npz or an HF folder): checkpoint_path=PATH "
+                      "in Python, or its path in place of the name on the command line (vitkit predict FILE IMAGE ...)")
+
 
 def hub_cache_dir() -> str:
     try:
@@ -33,7 +38,7 @@ def _classify(e: BaseException, repo_id: str, filename: str) -> Exception | None
     from huggingface_hub import utils as hfu
 
     where = f"the cache at {hub_cache_dir()}"
-    local = "pass checkpoint_path=/path/to/weights (.safetensors/.pth/.npz or an HF folder)"
+    local = LOCAL_WEIGHTS_HINT
     if isinstance(e, (hfu.LocalEntryNotFoundError, getattr(hfu, "OfflineModeIsEnabled", ()))) or _is_transport_error(e):
         return OfflineError(
             f"could not get {repo_id}/{filename}: it is not in {where} and the hub is not reachable "
@@ -59,7 +64,7 @@ def download_weights(repo_id: str, filename: str = "model.safetensors") -> Path:
 
     - In the cache: returned without touching the network.
     - Not cached and offline (HF_HUB_OFFLINE=1, no network, hub unreachable): an OfflineError naming the
-      cache and the `checkpoint_path=` alternative, after at most one request (huggingface_hub's own
+      cache and the local-file alternative (`LOCAL_WEIGHTS_HINT`), after at most one request (huggingface_hub's own
       download retries an unreachable hub five times with backoff, so one HEAD request is made first).
     - The hub answers that the repo, tag or file does not exist: a CheckpointError naming the repo.
     """
@@ -67,8 +72,8 @@ def download_weights(repo_id: str, filename: str = "model.safetensors") -> Path:
         from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
         from huggingface_hub import utils as hfu
     except ImportError:
-        raise OfflineError("pretrained=True needs huggingface_hub: pip install 'vitkit[hub]'; "
-                           "or pass checkpoint_path= to a local file") from None
+        raise OfflineError(f"pretrained=True needs huggingface_hub: pip install 'vitkit[hub]'; or "
+                           f"{LOCAL_WEIGHTS_HINT}") from None
     try:
         return Path(hf_hub_download(repo_id, filename, local_files_only=True))
     except hfu.LocalEntryNotFoundError:
@@ -80,7 +85,7 @@ def download_weights(repo_id: str, filename: str = "model.safetensors") -> Path:
         raise OfflineError(
             f"could not get {repo_id}/{filename}: it is not in the cache at {hub_cache_dir()} and "
             "HF_HUB_OFFLINE=1 forbids downloading. Download it where there is a network (same cache layout) "
-            "or pass checkpoint_path=/path/to/weights (.safetensors/.pth/.npz or an HF folder)"
+            f"or {LOCAL_WEIGHTS_HINT}"
         )
     try:  # one request, no retries: tells "unreachable" and "does not exist" apart quickly
         get_hf_file_metadata(hf_hub_url(repo_id, filename), timeout=5)
@@ -100,7 +105,7 @@ def resolve_pretrained(name: str, hub: dict[str, str]) -> str:
     """'vit_base_patch16_224.augreg_in21k_ft_in1k' or a bare name (first known tag) -> hub repo id."""
     base, _, tag = name.partition(".")
     if not hub:
-        raise ConfigError(f"no pretrained weights are registered for {base}; pass checkpoint_path=")
+        raise ConfigError(f"no pretrained weights are registered for {base}; {LOCAL_WEIGHTS_HINT}")
     if tag:
         if tag not in hub:
             raise ConfigError(f"{base} has no pretrained tag {tag!r}; known: {', '.join(hub)}")

@@ -8,7 +8,7 @@ import re
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.vit_variants import SIZES
-from .convert import StateDict
+from .layouts import StateDict
 
 log = logging.getLogger("vitkit")
 

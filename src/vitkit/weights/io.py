@@ -97,8 +97,10 @@ def read_npz(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 BUNDLED = {"fashion-mnist": "vit_fashion_mnist.safetensors"}  # shipped inside the package (assets/)
 
 
-HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
-                   "open_clip_pytorch_model.bin", "model.npz")
+# a hub folder's weights, first choice first: open_clip's file of a CLIP pair before timm's file of its image tower
+# beside it (the whole model; `tower="image"` takes the tower from it)
+HF_WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin", "model.safetensors",
+                   "pytorch_model.bin", "model.npz")
 RUN_CHECKPOINTS = ("best.safetensors", "last.safetensors")  # a `vitkit train` run folder, best first
 
 

@@ -13,7 +13,7 @@ import logging
 from torch import nn
 
 from ..errors import CheckpointError
-from .convert import StateDict
+from .layouts import StateDict
 
 log = logging.getLogger("vitkit")
 

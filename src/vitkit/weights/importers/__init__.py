@@ -1,2 +1,14 @@
-"""One module per foreign checkpoint layout; importing this package registers them all."""
-from . import clip, dinov2, hf_transformers, hybrid, jax_npz, swin, timm_native, torchvision_vit  # noqa: F401
+"""One module per foreign checkpoint layout; importing this package registers them all (weights.layouts)."""
+from . import (  # noqa: F401
+    clip,
+    clip_text,
+    dino,
+    dinov2,
+    hf_transformers,
+    hybrid,
+    jax_npz,
+    mae,
+    swin,
+    timm_native,
+    torchvision_vit,
+)

@@ -1,4 +1,5 @@
-"""OpenAI CLIP / open_clip visual towers -> vitkit names (the text tower is dropped).
+"""OpenAI CLIP / open_clip image towers alone -> the `vit` family's names (a file with both towers is the `clip`
+family's pair: importers/clip_text.py).
 
 OpenAI layout: `visual.conv1` (no bias), `class_embedding` (D,), `positional_embedding` (N+1, D),
 `ln_pre`, `transformer.resblocks.{i}`, `ln_post`, `proj` (D, E) applied as x @ proj.
@@ -10,7 +11,9 @@ import torch
 
 from ...errors import CheckpointError
 from ...models.config import CLIP_MEAN, CLIP_STD, Preprocess
-from ..convert import Imported, StateDict, layout
+from ..layouts import Imported, StateDict, layout
+
+CLIP_PREPROCESS = Preprocess(CLIP_MEAN, CLIP_STD, "bicubic", 1.0)  # OpenAI's: resize the short side, crop, bicubic
 
 
 def block_key(key: str) -> str:
@@ -71,9 +74,8 @@ def convert_clip(sd: StateDict, hf_config=None) -> Imported:
             out[k] = v  # left for the loader to report
     D = out["patch_embed.proj.weight"].shape[0]
     # OpenAI's towers: 64-wide heads, QuickGELU, torch LayerNorm (eps 1e-5), CLIP mean/std, resize+crop
-    hints = {"num_heads": max(1, D // 64), "act": "quick_gelu", "norm_eps": 1e-5,
-             "_preprocess": Preprocess(CLIP_MEAN, CLIP_STD, "bicubic", 1.0)}
-    return Imported(out, "clip", hints, dropped)
+    hints = {"num_heads": max(1, D // 64), "act": "quick_gelu", "norm_eps": 1e-5}
+    return Imported(out, "clip", hints, dropped, preprocess=CLIP_PREPROCESS)
 
 
 @layout("open_clip-timm", _is_open_clip_timm, priority=5)
@@ -85,4 +87,4 @@ def convert_open_clip_timm(sd: StateDict, hf_config=None) -> Imported:
         out["head.weight"] = w
         out["head.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
     dropped = [k for k in sd if not k.startswith(p) and k != "visual.head.proj.weight"]
-    return Imported(out, "open_clip-timm", {"_preprocess": Preprocess(CLIP_MEAN, CLIP_STD, "bicubic", 1.0)}, dropped)
+    return Imported(out, "open_clip-timm", {}, dropped, preprocess=CLIP_PREPROCESS)

@@ -11,7 +11,7 @@ import re
 
 from ...errors import CheckpointError
 from ...models.config import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from ..convert import Imported, StateDict, layout
+from ..layouts import Imported, StateDict, layout
 
 _CHUNKED = re.compile(r"^blocks\.\d+\.(\d+)\.(.+)$")
 _SWIGLU_NAMES = {".mlp.w12.": ".mlp.fc1.", ".mlp.w3.": ".mlp.fc2."}
@@ -61,11 +61,11 @@ def convert_dinov2(sd: StateDict, hf_config=None) -> Imported:
         for dinov2_name, vitkit_name in _SWIGLU_NAMES.items():
             k = k.replace(dinov2_name, vitkit_name)
         out[k] = v
-    hints: dict = {"norm_eps": 1e-6, "_preprocess": Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bicubic", 0.875)}
+    hints: dict = {"norm_eps": 1e-6}
     if any(".mlp.w12." in k for k in sd):
         _check_packed_swiglu(out)
         hints["mlp_layer"] = "swiglu_packed"
     if "register_tokens" in out:
         out = fold_registers(out)
         hints["prefix_pos"] = False
-    return Imported(out, "dinov2", hints, dropped)
+    return Imported(out, "dinov2", hints, dropped, preprocess=Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bicubic", 0.875))

@@ -13,7 +13,7 @@ import torch
 
 from ...errors import CheckpointError
 from ...models.config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, Preprocess
-from ..convert import Imported, StateDict, layout
+from ..layouts import Imported, StateDict, layout
 from .dinov2 import fold_registers
 
 log = logging.getLogger("vitkit")
@@ -129,11 +129,11 @@ def convert_hf(sd: StateDict, hf_config: dict | None = None) -> Imported:
     elif "image_size" in cfg and family != "dinov2":  # DINOv2's config says 518 whatever the table holds
         side = cfg["image_size"]
         hints["img_size"] = tuple(side) if isinstance(side, (list, tuple)) else (side, side)
-    hints["_preprocess"] = _preprocess(family, cfg.get("_preprocessor_config"))
     labels = cfg.get("id2label") or {}
     names = [labels[str(j)] if str(j) in labels else labels.get(j) for j in range(len(labels))]
-    if names and "head.weight" in out and len(names) == out["head.weight"].shape[0] \
-            and not all(n == f"LABEL_{j}" for j, n in enumerate(names)):
-        hints["_class_names"] = names
+    if not (names and "head.weight" in out and len(names) == out["head.weight"].shape[0]
+            and not all(n == f"LABEL_{j}" for j, n in enumerate(names))):
+        names = None  # no head, another head, or transformers' placeholder names
     name = {"deit": "hf-deit", "vit_mae": "hf-vitmae", "dinov2": "hf-dinov2"}.get(model_type, "hf-vit")
-    return Imported(out, name, hints, dropped)
+    return Imported(out, name, hints, dropped, preprocess=_preprocess(family, cfg.get("_preprocessor_config")),
+                    class_names=names)

@@ -15,7 +15,7 @@ import re
 import torch
 
 from ...errors import CheckpointError
-from ..convert import Imported, StateDict, layout
+from ..layouts import Imported, StateDict, layout
 from .timm_native import convert_timm
 
 BACKBONE = "patch_embed.backbone."

@@ -20,7 +20,7 @@ import torch
 
 from ...errors import CheckpointError
 from ...models.config import INCEPTION_MEAN, INCEPTION_STD, Preprocess
-from ..convert import Imported, StateDict, layout
+from ..layouts import Imported, StateDict, layout
 from .hybrid import BACKBONE, backbone_from_jax, backbone_to_jax, hybrid_hints
 
 _PREFIXES = ("", "opt/target/", "params/", "params/img/")
@@ -178,10 +178,9 @@ def convert_jax(sd: StateDict, hf_config=None) -> Imported:
     if num_heads:
         hints["num_heads"] = int(num_heads)
     # flax's nn.gelu is the tanh approximation; LN eps 1e-6; inputs in [-1, 1], plain bilinear resize
-    hints.update(act="gelu_tanh", norm_eps=1e-6,
-                 _preprocess=Preprocess(INCEPTION_MEAN, INCEPTION_STD, "bilinear", 1.0))
+    hints.update(act="gelu_tanh", norm_eps=1e-6)
     name = "big_vision-npz" if "prefix_pos" in hints or p.startswith("params/") else "vit_jax-npz"
-    return Imported(out, name, hints, dropped)
+    return Imported(out, name, hints, dropped, preprocess=Preprocess(INCEPTION_MEAN, INCEPTION_STD, "bilinear", 1.0))
 
 
 def to_jax_arrays(sd: StateDict, num_heads: int, style: str = "vit_jax", scan: bool = False,

@@ -13,8 +13,8 @@ import re
 
 from ...errors import CheckpointError
 from ...models.swin import SwinConfig, checkpoint_filter
-from ..convert import Imported, StateDict, layout
-from .timm_native import _timm_config_hints
+from ..layouts import Imported, StateDict, layout
+from .timm_native import timm_hub_metadata
 
 _TABLE = "attn.relative_position_bias_table"
 
@@ -62,8 +62,9 @@ def infer_swin_config(sd: StateDict, img_size: int | tuple[int, int] | None = No
 def convert_swin(sd: StateDict, hf_config=None) -> Imported:
     original = "layers.0.downsample.reduction.weight" in sd
     out = checkpoint_filter(sd, model=None)  # keys only: the model resamples tables itself when it loads
-    hints = {k: v for k, v in _timm_config_hints(hf_config).items() if k.startswith("_")}
+    _, preprocess, class_names = timm_hub_metadata(hf_config)  # a ViT's hints do not apply
     size = ((hf_config or {}).get("pretrained_cfg") or {}).get("input_size")  # timm hub folders: [C, H, W]
     cfg = infer_swin_config(out, tuple(size[1:]) if size else None)
     dropped = [k for k in sd if k.endswith(("relative_position_index", "attn_mask"))]
-    return Imported(out, "swin-original" if original else "timm-swin", hints, dropped, family="swin", config=cfg)
+    return Imported(out, "swin-original" if original else "timm-swin", {}, dropped, preprocess, class_names,
+                    family="swin", config=cfg)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...errors import CheckpointError
 from ...models.config import Preprocess
-from ..convert import Imported, StateDict, layout
+from ..layouts import Imported, StateDict, layout
 
 # MAE's pretraining model carries its decoder; DINOv2/MAE a mask token: none belong to the encoder.
 _DROP_PREFIXES = ("decoder_", "mask_token")
@@ -13,21 +13,21 @@ def _is_timm(sd: StateDict) -> bool:
     return "patch_embed.proj.weight" in sd and any(k.startswith("blocks.") for k in sd)
 
 
-def _timm_config_hints(cfg: dict | None) -> dict:
-    """A timm hub folder's config.json ({'architecture', 'pretrained_cfg': {mean, std, ...}})."""
+def timm_hub_metadata(cfg: dict | None) -> tuple[dict, Preprocess | None, list[str] | None]:
+    """What a timm hub folder's config.json ({'architecture', 'pretrained_cfg': {mean, std, ...}, 'label_names'})
+    says beyond the weights -> (config hints, preprocessing, class names)."""
     if not cfg or "architecture" not in cfg:
-        return {}
+        return {}, None, None
     hints: dict = {}
     if "quickgelu" in cfg["architecture"]:
         hints["act"] = "quick_gelu"
     pc = cfg.get("pretrained_cfg") or {}
+    preprocess = None
     if "mean" in pc and "std" in pc:
-        hints["_preprocess"] = Preprocess(tuple(pc["mean"]), tuple(pc["std"]), pc.get("interpolation", "bicubic"),
-                                          float(pc.get("crop_pct", 0.9)))
+        preprocess = Preprocess(tuple(pc["mean"]), tuple(pc["std"]), pc.get("interpolation", "bicubic"),
+                                float(pc.get("crop_pct", 0.9)))
     names = cfg.get("label_names")
-    if isinstance(names, list) and names:
-        hints["_class_names"] = names
-    return hints
+    return hints, preprocess, names if isinstance(names, list) and names else None
 
 
 def _registered_hints(cfg: dict | None, sd: StateDict) -> dict:
@@ -68,6 +68,6 @@ def convert_timm(sd: StateDict, hf_config=None) -> Imported:
     if "norm_pre.weight" in out and "patch_embed.proj.bias" not in out:
         hints["norm_eps"] = 1e-5  # timm's CLIP towers (pre-norm, bias-free patch conv) use torch's LayerNorm
     hints.update(_registered_hints(hf_config, out))
-    hints.update(_timm_config_hints(hf_config))
-    layout_name = "mae" if any(k.startswith("decoder_") for k in dropped) else "timm"
-    return Imported(out, layout_name, hints, dropped)
+    stated, preprocess, class_names = timm_hub_metadata(hf_config)
+    hints.update(stated)
+    return Imported(out, "timm", hints, dropped, preprocess=preprocess, class_names=class_names)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from ...models.config import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from ..convert import Imported, StateDict, layout
+from ..layouts import Imported, StateDict, layout
 
 _LAYER = re.compile(r"^encoder\.layers\.encoder_layer_(\d+)\.(.+)$")
 _RENAME = {
@@ -37,5 +37,5 @@ def convert_torchvision(sd: StateDict, hf_config=None) -> Imported:
         else:
             out[_TOP.get(k, k)] = v
     # torchvision's IMAGENET1K_V1 transforms: resize 256 (bilinear) -> crop 224, ImageNet mean/std
-    hints = {"norm_eps": 1e-6, "act": "gelu", "_preprocess": Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 0.875)}
-    return Imported(out, "torchvision", hints, [])
+    return Imported(out, "torchvision", {"norm_eps": 1e-6, "act": "gelu"},
+                    preprocess=Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 0.875))
