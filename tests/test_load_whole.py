@@ -13,7 +13,6 @@ import numpy as np
 import open_clip
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 from timm.models.vision_transformer import Block as TimmBlock
 from timm.models.vision_transformer import PatchEmbed
@@ -22,6 +21,7 @@ from torch import nn
 from transformers import ViTMAEConfig, ViTMAEForPreTraining
 
 import vitkit
+from test_dino import RefDINOHead  # the transcription of DINO's DINOHead
 from test_import_timm import perturb
 from test_sincos import mae_get_2d_sincos_pos_embed
 from vitkit.errors import CheckpointError, ConfigError
@@ -284,45 +284,12 @@ def test_registered_clip_names_have_their_pretrained_files():
 
 
 # ---------------------------------------------------------------------------- DINO
-class DINOHead(nn.Module):
-    """facebookresearch/dino vision_transformer.py DINOHead, transcribed (torch's weight_norm: weight_g, weight_v)."""
-
-    def __init__(self, in_dim, out_dim, use_bn=False, norm_last_layer=True, nlayers=3, hidden_dim=2048,
-                 bottleneck_dim=256):
-        super().__init__()
-        nlayers = max(nlayers, 1)
-        if nlayers == 1:
-            self.mlp = nn.Linear(in_dim, bottleneck_dim)
-        else:
-            layers = [nn.Linear(in_dim, hidden_dim)]
-            if use_bn:
-                layers.append(nn.BatchNorm1d(hidden_dim))
-            layers.append(nn.GELU())
-            for _ in range(nlayers - 2):
-                layers.append(nn.Linear(hidden_dim, hidden_dim))
-                if use_bn:
-                    layers.append(nn.BatchNorm1d(hidden_dim))
-                layers.append(nn.GELU())
-            layers.append(nn.Linear(hidden_dim, bottleneck_dim))
-            self.mlp = nn.Sequential(*layers)
-        with pytest.warns(FutureWarning):  # torch deprecates the function DINO used; its key names are the file's
-            self.last_layer = nn.utils.weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
-        self.last_layer.weight_g.data.fill_(1)
-        if norm_last_layer:
-            self.last_layer.weight_g.requires_grad = False
-
-    def forward(self, x):
-        x = self.mlp(x)
-        x = F.normalize(x, dim=-1, p=2)
-        return self.last_layer(x)
-
-
 def dino_checkpoint(path, use_bn: bool = False):
     """A DINO v1 training checkpoint as main_dino.py saves it; returns (teacher backbone, teacher head)."""
     torch.manual_seed(0)
     # 64-wide heads: what is assumed for a file that does not record them
     backbone = perturb(TimmViT(img_size=32, patch_size=8, embed_dim=128, depth=2, num_heads=2, num_classes=0))
-    head = DINOHead(128, 40, use_bn=use_bn, hidden_dim=48, bottleneck_dim=16)
+    head = RefDINOHead(128, 40, use_bn=use_bn, hidden_dim=48, bottleneck_dim=16)
     with torch.no_grad():
         for p in head.parameters():
             if p.requires_grad:  # weight_g stays 1 (norm_last_layer)
