@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -431,3 +432,26 @@ def test_eval_cli_partial_overlap_excludes_each_query_own_entry(tmp_path, photos
     assert res["recall"]["R@1"] == pytest.approx(want)
     assert res["index_recall"]["R@1"] == pytest.approx(want)  # the flat index, its own entries dropped too
     assert res["ann_recall"]["recall@10"] == pytest.approx(1.0)
+
+
+def test_concurrent_searches_with_different_nprobe_each_get_their_own_answer(tmp_path, digits_emb):
+    """nprobe/efSearch are per call (FAISS SearchParameters): threads asking for different values at the
+    same time must not see each other's, and the shared index keeps its stored values."""
+    import faiss
+
+    build_index(digits_emb, tmp_path / "ivf", "ivf", nlist=32)
+    ivf = SearchIndex.load(tmp_path / "ivf")
+    q = np.asarray(Embeddings(digits_emb).vectors[::7], dtype=np.float32)  # [m, D]
+    expected = {p: ivf.raw_search(q, 10, nprobe=p) for p in (1, 32)}  # one at a time: the reference answers
+    assert not np.array_equal(expected[1][1], expected[32][1])  # the two settings really answer differently
+
+    def search(nprobe: int) -> bool:
+        return all(np.array_equal(ivf.raw_search(q, 10, nprobe=nprobe)[1], expected[nprobe][1]) for _ in range(15))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(search, [1, 32] * 4))
+    assert faiss.extract_index_ivf(ivf.index).nprobe == 8  # the stored value, never touched
+    build_index(digits_emb, tmp_path / "hnsw", "hnsw")
+    hnsw = SearchIndex.load(tmp_path / "hnsw")
+    small, stored = hnsw.raw_search(q, 10, ef_search=10)[1], hnsw.raw_search(q, 10)[1]
+    assert hnsw.index.hnsw.efSearch == DEFAULT_EF_SEARCH and small.shape == stored.shape == (len(q), 10)

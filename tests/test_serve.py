@@ -460,7 +460,8 @@ def test_cli_refuses_a_network_address_without_a_key(capsys, tmp_path, monkeypat
 
 
 # ------------------------------------------------------------------------------------- search (with an index)
-def test_search_returns_the_indexed_neighbours_and_refuses_another_models_index(bundled, uploads, tmp_path):
+def _digit_index(bundled, uploads, tmp_path):
+    """A flat index of the uploaded digits (two labels), embedded by `bundled`: the retrieval module."""
     retrieval = pytest.importorskip("vitkit.retrieval", reason="vitkit.retrieval (the index issue) is not here yet")
     pytest.importorskip("faiss", reason="faiss-cpu is not installed")
     photos = tmp_path / "photos"
@@ -469,6 +470,11 @@ def test_search_returns_the_indexed_neighbours_and_refuses_another_models_index(
         (photos / f"class{i % 2}" / name).write_bytes(uploads[name])
     retrieval.embed(bundled, str(photos), tmp_path / "emb", checkpoint="bundled:fashion-mnist")
     retrieval.build_index(tmp_path / "emb", tmp_path / "idx", "flat")
+    return retrieval
+
+
+def test_search_returns_the_indexed_neighbours_and_refuses_another_models_index(bundled, uploads, tmp_path):
+    _digit_index(bundled, uploads, tmp_path)
     with TestClient(create_app(bundled, name="bundled:fashion-mnist", index=tmp_path / "idx")) as c:
         assert c.get("/v1/model").json()["operations"]["search"] is True
         for name in ("digit0.png", "digit3.png"):
@@ -632,3 +638,65 @@ def test_no_request_makes_the_server_read_a_path(client, uploads, tmp_path):
     for r in answers:
         assert r.status_code >= 400 or r.request.url.path in ("/", "/health", "/v1/model"), (r.request.url, r.text)
         assert "the secret is" not in r.text and "root:x:" not in r.text
+
+
+def test_a_batch_of_searches_is_one_faiss_call_and_each_gets_its_own_k(bundled, uploads, tmp_path):
+    retrieval = _digit_index(bundled, uploads, tmp_path)
+    from vitkit.serve.service import ModelService
+
+    class WatchedIndex(retrieval.SearchIndex):  # the real FAISS search, with the query shapes it was given
+        shapes: list = []
+
+        def raw_search(self, queries, k, *args, **kwargs):
+            self.shapes.append((tuple(np.shape(queries)), k))
+            return super().raw_search(queries, k, *args, **kwargs)
+
+    index = WatchedIndex.load(tmp_path / "idx")
+    service = ModelService(bundled, "bundled:fashion-mnist", index=index)
+    names = [n for n in uploads if n.startswith("digit")]
+    xs = [service.prepare(Image.open(io.BytesIO(uploads[n]))) for n in names]
+    jobs = [(x, k) for x, k in zip(xs, (1, 3, 2, 4))]
+    together = service.search_batch(jobs)
+    assert index.shapes == [((len(jobs), index.meta["dim"]), 4)]  # one [Q, D] call, the largest k
+    alone = [service.search_batch([job])[0] for job in jobs]
+    assert together == alone and [len(hits) for hits in together] == [1, 3, 2, 4]
+
+
+def test_the_model_never_runs_twice_at_once_across_operations(uploads):
+    model = vitkit.load_model("bundled:fashion-mnist").eval()  # its own copy: the hooks stay on it
+    running, most = [0], [0]
+    count = threading.Lock()
+
+    def enter(module, args):
+        with count:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.01)  # widen the window in which a second model call would overlap this one
+
+    def leave(module, args, output):
+        with count:
+            running[0] -= 1
+
+    model.patch_embed.register_forward_pre_hook(enter)  # every operation's model call starts here
+    model.patch_embed.register_forward_hook(leave)
+    with TestClient(create_app(model, name="b", max_batch=2, batch_timeout_ms=0)) as c:
+        calls = [(path, name) for name in uploads for path in ("/v1/predict", "/v1/embed", "/v1/explain")]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda call: post(c, call[0], uploads[call[1]], call[1]), calls))
+        waiting = c.get("/health").json()["waiting"]
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
+    assert most[0] == 1 and set(waiting) == {"predict", "embed", "explain", "search"}
+
+
+def test_batcher_reports_its_waiting_requests_through_a_public_method():
+    gate = threading.Event()
+    b = Batcher(lambda items: [gate.wait(5) and i for i in items], max_batch=1, timeout_ms=0)
+    assert b.waiting() == 0
+    futures = [b.submit(i) for i in range(3)]  # the first runs (held at the gate), the other two wait
+    deadline = time.monotonic() + 5
+    while b.waiting() != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b.waiting() == 2
+    gate.set()
+    assert [f.result(5) for f in futures] == [0, 1, 2] and b.waiting() == 0
+    b.close()

@@ -114,6 +114,17 @@ def _normalised(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
+def search_parameters(index, nprobe: int | None = None, ef_search: int | None = None):
+    """FAISS `SearchParameters` for one search call (None when nothing applies to this index): the shared
+    index is never changed, so concurrent searches with different values each get their own answer."""
+    faiss = _faiss()
+    if nprobe is not None and faiss.try_extract_index_ivf(index) is not None:
+        return faiss.SearchParametersIVF(nprobe=int(nprobe))
+    if ef_search is not None and hasattr(index, "hnsw"):
+        return faiss.SearchParametersHNSW(efSearch=int(ef_search))
+    return None
+
+
 def set_search_params(index, nprobe: int | None = None, ef_search: int | None = None) -> None:
     faiss = _faiss()
     if nprobe is not None:
@@ -252,14 +263,9 @@ class SearchIndex:
             raise ConfigError(f"queries must be [n, {self.meta['dim']}] (the index's feature width), got {list(q.shape)}")
         if k < 1:
             raise ConfigError(f"k must be at least 1, got {k}")
-        params = self.meta.get("params", {})
-        if nprobe is not None or ef_search is not None:
-            set_search_params(self.index, nprobe, ef_search)
-        try:
-            scores, ids = self.index.search(_normalised(q), int(k))
-        finally:
-            if nprobe is not None or ef_search is not None:  # back to the stored values
-                set_search_params(self.index, params.get("nprobe"), params.get("ef_search"))
+        # per-call parameters, not a mutation of the shared index: the server searches from several threads
+        params = search_parameters(self.index, nprobe, ef_search)
+        scores, ids = self.index.search(_normalised(q), int(k), params=params)  # [n, k] each
         return scores, ids
 
     def search(self, queries: np.ndarray, k: int = 10, *, nprobe: int | None = None,

@@ -4,7 +4,7 @@ web page at `/`.
 Request flow: the body is read into memory under the upload cap (413 above it, 408 when it arrives too
 slowly), the image is decoded off the event loop with the pixel limit (as many at once as there are cores),
 and the model work is queued on a `Batcher` worker thread (predict, embed and search are batched across
-concurrent requests; explain runs one at a time). Every refusal is a 4xx JSON `{"error": "..."}` with one line; a full queue or a model that does
+concurrent requests; explain runs one at a time; all four share one lock, so one model call runs at a time). Every refusal is a 4xx JSON `{"error": "..."}` with one line; a full queue or a model that does
 not answer in time is a 503 with the same shape. Requests name no paths: nothing is read from or written
 to the server's disk on their behalf (the page is read once, at start).
 
@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterable
 from importlib import resources
 from typing import Any, Literal
@@ -76,12 +77,16 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
     decode_slots = anyio.CapacityLimiter(os.cpu_count() or 2)
     arriving = {"predict": 0, "embed": 0, "search": 0}  # requests received, not yet queued (the event loop's count)
 
+    model_lock = threading.Lock()  # one model call at a time across all four batchers (see batching.py)
+
     def batcher(op: str, run) -> Batcher:
-        return Batcher(run, max_batch, batch_timeout_ms, max_queue, f"vitkit-{op}", expecting=lambda: arriving[op])
+        return Batcher(run, max_batch, batch_timeout_ms, max_queue, f"vitkit-{op}", expecting=lambda: arriving[op],
+                       run_lock=model_lock)
 
     predictor, embedder, searcher = (batcher("predict", service.predict_batch), batcher("embed", service.embed_batch),
                                      batcher("search", service.search_batch))
-    explainer = Batcher(lambda jobs: [service.explain_png(*job) for job in jobs], 1, 0, max_queue, "vitkit-explain")
+    explainer = Batcher(lambda jobs: [service.explain_png(*job) for job in jobs], 1, 0, max_queue, "vitkit-explain",
+                        run_lock=model_lock)
     batchers = (predictor, embedder, explainer, searcher)
     page = resources.files("vitkit").joinpath("assets/serve.html").read_text(encoding="utf-8")
 
@@ -179,7 +184,7 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
         if key_check is not None:  # only the status to a caller without a key: the model's name can be a path
             return {"status": "ok"}
         return {"status": "ok", "model": service.name,
-                "waiting": {b.name.removeprefix("vitkit-"): b._queue.qsize() for b in batchers}}
+                "waiting": {b.name.removeprefix("vitkit-"): b.waiting() for b in batchers}}
 
     @api.get("/openapi.json", include_in_schema=False)
     async def openapi_schema():

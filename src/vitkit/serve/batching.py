@@ -1,7 +1,9 @@
 """Dynamic batching: concurrent requests share one model call.
 
-One worker thread per batcher owns the model calls, so the event loop never runs the model and the model
-never runs twice at once (bounded memory, and torch's own threads are not oversubscribed). The worker
+One worker thread per batcher makes the model calls, so the event loop never runs the model. The server
+runs one batcher per operation on one model; they share one `run_lock`, so the model never runs twice at
+once across operations either (bounded memory, and torch's own threads are not oversubscribed): the
+threads are one per operation, the model calls one at a time. The worker
 takes the first waiting request, then keeps taking requests until it has `max_batch` of them or
 `timeout_ms` has passed since the first, and runs them as one batch. Requests that arrived while the
 previous batch ran are already waiting, so under load batches fill without any waiting at all. With
@@ -43,13 +45,15 @@ class Batcher:
 
     def __init__(self, run_batch: Callable[[list[Any]], Sequence[Any]], max_batch: int = 16,
                  timeout_ms: float = 5.0, max_queue: int = 1024, name: str = "vitkit-batcher",
-                 expecting: Callable[[], int] | None = None):
+                 expecting: Callable[[], int] | None = None, run_lock: threading.Lock | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if timeout_ms < 0:
             raise ValueError(f"timeout_ms must be at least 0, got {timeout_ms}")
         self.run_batch, self.max_batch, self.timeout_s = run_batch, max_batch, timeout_ms / 1000.0
         self.max_queue, self.name, self.expecting = max_queue, name, expecting
+        # held around every run_batch call; batchers that share one model share one lock
+        self.run_lock = run_lock if run_lock is not None else threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -79,6 +83,10 @@ class Batcher:
             job = _Job(item)
             self._queue.put(job)
         return job.future
+
+    def waiting(self) -> int:
+        """How many requests are queued, not yet taken into a batch (what /health reports)."""
+        return self._queue.qsize()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop taking requests; everything already queued is still answered before the worker exits."""
@@ -118,7 +126,8 @@ class Batcher:
         self.stats["batches"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
         try:
-            results = list(self.run_batch([j.item for j in batch]))
+            with self.run_lock:
+                results = list(self.run_batch([j.item for j in batch]))
             if len(results) != len(batch):
                 raise RuntimeError(f"{self.name}: {len(batch)} items gave {len(results)} results")
         except Exception as e:  # noqa: BLE001  every error goes back to a request, none kills the worker
@@ -127,7 +136,9 @@ class Batcher:
                 return
             for job in batch:  # find whose item failed: each request gets its own answer
                 try:
-                    job.future.set_result(self.run_batch([job.item])[0])
+                    with self.run_lock:
+                        result = self.run_batch([job.item])[0]
+                    job.future.set_result(result)
                 except Exception as single:  # noqa: BLE001
                     job.future.set_exception(single)
             return

@@ -116,16 +116,18 @@ class ModelService:
 
     def search_batch(self, jobs: list[tuple[torch.Tensor, int]]) -> list[list[dict[str, Any]]]:
         """(input [C, H, W], k) each -> the index's k nearest entries: the features the index was built with
-        (`vitkit.retrieval.features_of`, one model call for the batch), then one search per request. Only
-        what the index stores comes back (path, label, score, row), never a file's contents."""
+        (`vitkit.retrieval.features_of`, one model call for the batch), then one FAISS search for the whole
+        batch with the largest k, each request keeping its own first k (the top k of a longer ranked list).
+        Only what the index stores comes back (path, label, score, row), never a file's contents."""
         from ..retrieval import features_of
 
         ident = self.index.model_identity
         x = torch.stack([x for x, _ in jobs])  # [B, C, H, W]
         q = features_of(self.model, x, ident.get("feature", "pooled"), ident.get("normalized", True))  # [B, D]
         q = q.numpy().astype(np.float32)
+        ranked = self.index.search(q, max(k for _, k in jobs))  # B lists of up to max-k hits
         return [[{"path": str(h.path), "label": h.label, "score": float(h.score), "row": int(h.row)}
-                 for h in self.index.search(q[i:i + 1], k)[0]] for i, (_, k) in enumerate(jobs)]
+                 for h in hits[:k]] for hits, (_, k) in zip(ranked, jobs)]
 
     def require(self, op: str) -> None:
         """Refuse an operation the model cannot do, in one line (a ConfigError: a 4xx answer)."""
