@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..data.datasets import EVAL_SPLITS
+from ..data.splits import EVAL_SPLITS
 from .common import add_json, emit, load_backend, positive_int, print_table
 
 

@@ -30,6 +30,7 @@ from torch.utils.data import ConcatDataset, Dataset
 from ..errors import ConfigError, DataError, ImageError
 from .builtin import BUILTIN_SETS, builtin_set
 from .bundle import DataBundle, FileImages, TensorImages, stratified_split  # noqa: F401  (re-exported: vitkit reads them here)
+from .splits import EVAL_SPLITS  # what an evaluation may score
 
 log = logging.getLogger("vitkit")
 
@@ -37,7 +38,6 @@ BUILTIN = tuple(BUILTIN_SETS)  # the canonical names (builtin.py's table)
 BUILTIN_ALIASES = tuple(a for name, entry in BUILTIN_SETS.items() for a in (name, *entry.aliases))
 DEFAULT_VAL_FRACTION = 0.15  # user folders and manifests without a val split (see default_val_fraction)
 VAL_DIRS = ("val", "valid", "validation")
-EVAL_SPLITS = ("test", "val", "train", "all")  # what an evaluation may score (eval_split)
 LABEL_PREFIXES = ("folder:", "csv:")  # a user dataset's DataBundle.name: the prefix, then its absolute path
 
 
