@@ -391,7 +391,9 @@ def test_cli_server_keys_slow_upload_and_graceful_sigterm(uploads, tmp_path):
 
         data = uploads["camera.png"]
         status, body = http_exchange(port, head % len(data), [data[:100], data[100:]],
-                                     between=lambda i: (proc.send_signal(signal.SIGTERM), time.sleep(0.3)))
+                                     between=lambda i: (time.sleep(0.5), proc.send_signal(signal.SIGTERM), time.sleep(0.3)))
+        # the pause before SIGTERM lets the server read the head and start the request: a connection whose
+        # head uvicorn has not parsed yet is idle to it and closed at shutdown (a reset, seen under load)
         assert status == 200 and len(json.loads(body)["top"]) == 5  # SIGTERM came mid-upload
         # uvicorn re-raises the signal once shut down cleanly: the process ends as killed by SIGTERM, quietly
         assert proc.wait(timeout=30) == -signal.SIGTERM
