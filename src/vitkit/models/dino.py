@@ -8,7 +8,6 @@ what DINO's loss compares between teacher and student.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ from ..layers.dino_head import DinoHead
 from . import vit_variants  # noqa: F401  (registers the backbones the names below are built on)
 from .config import ModelConfig, Preprocess, ViTConfig
 from .registry import get_entry, register_family, register_model
-from .towers import ImageTowerModel
+from .towers import ImageTowerModel, replace_with_tower
 from .vision_transformer import VisionTransformer
 
 
@@ -61,20 +60,7 @@ class DinoConfig(ModelConfig):
 
     def replace(self, **overrides: Any) -> DinoConfig:
         """Own fields by name; ViT field names (img_size, num_classes, depth, ...) go to the backbone."""
-        own = {f.name for f in dataclasses.fields(self)}
-        vit_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-        unknown = sorted(set(overrides) - own - vit_fields)
-        if unknown:
-            raise ConfigError(f"unknown model option(s) {unknown} for a {self._what}; valid options: "
-                              f"{', '.join(sorted(own))} and the backbone's ({', '.join(sorted(vit_fields))})")
-        mine = {k: v for k, v in overrides.items() if k in own}
-        backbone = mine.pop("backbone", self.backbone)
-        if isinstance(backbone, dict):
-            backbone = ViTConfig.from_dict(backbone)
-        to_backbone = {k: v for k, v in overrides.items() if k not in own}
-        if to_backbone:
-            backbone = backbone.replace(**to_backbone)
-        return dataclasses.replace(self, backbone=backbone, **mine)
+        return replace_with_tower(self, "backbone", overrides)
 
 
 class DinoModel(ImageTowerModel):

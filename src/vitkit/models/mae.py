@@ -12,7 +12,6 @@ ViTMAEForPreTraining gives its decoder too), what `vitkit.load_model` gives for 
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from ..layers import Block, sincos_2d_pos_embed
 from . import vit_variants  # noqa: F401  (registers the MAE encoders the names below are built on)
 from .config import ACTS, ModelConfig, Preprocess, ViTConfig
 from .registry import get_entry, register_family, register_model
-from .towers import ImageTowerModel
+from .towers import ImageTowerModel, replace_with_tower
 from .vision_transformer import VisionTransformer
 
 
@@ -193,20 +192,7 @@ class MaeConfig(ModelConfig):
 
     def replace(self, **overrides: Any) -> MaeConfig:
         """Own fields by name; ViT field names (img_size, num_classes, depth, ...) go to the encoder."""
-        own = {f.name for f in dataclasses.fields(self)}
-        vit_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-        unknown = sorted(set(overrides) - own - vit_fields)
-        if unknown:
-            raise ConfigError(f"unknown model option(s) {unknown} for a {self._what}; valid options: "
-                              f"{', '.join(sorted(own))} and the encoder's ({', '.join(sorted(vit_fields))})")
-        mine = {k: v for k, v in overrides.items() if k in own}
-        encoder = mine.pop("encoder", self.encoder)
-        if isinstance(encoder, dict):
-            encoder = ViTConfig.from_dict(encoder)
-        to_encoder = {k: v for k, v in overrides.items() if k not in own}
-        if to_encoder:
-            encoder = encoder.replace(**to_encoder)
-        return dataclasses.replace(self, encoder=encoder, **mine)
+        return replace_with_tower(self, "encoder", overrides)
 
 
 class MaeModel(ImageTowerModel):

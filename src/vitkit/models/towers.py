@@ -8,10 +8,15 @@ part of a whole checkpoint (api.Checkpoint.tower). CLIP's pair declares the same
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any
 
 import torch
 from torch import nn
+
+from ..errors import ConfigError
+from .config import ViTConfig
 
 
 def prefixed_matcher(matcher: dict, prefix: str) -> dict:
@@ -28,6 +33,25 @@ def prefixed_matcher(matcher: dict, prefix: str) -> dict:
         blocks = out["blocks"]
         out["blocks"] = shift(blocks) if isinstance(blocks, str) else [(shift(rx), suffix) for rx, suffix in blocks]
     return out
+
+
+def replace_with_tower(cfg: Any, tower: str, overrides: dict[str, Any]) -> Any:
+    """`cfg.replace(**overrides)` for a whole model's config whose field `tower` holds a ViTConfig: its own
+    fields by name, ViT field names (img_size, num_classes, depth, ...) to the tower's config."""
+    own = {f.name for f in dataclasses.fields(cfg)}
+    vit_fields = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = sorted(set(overrides) - own - vit_fields)
+    if unknown:
+        raise ConfigError(f"unknown model option(s) {unknown} for a {cfg._what}; valid options: "
+                          f"{', '.join(sorted(own))} and the {tower}'s ({', '.join(sorted(vit_fields))})")
+    mine = {k: v for k, v in overrides.items() if k in own}
+    tower_cfg = mine.pop(tower, getattr(cfg, tower))
+    if isinstance(tower_cfg, dict):
+        tower_cfg = ViTConfig.from_dict(tower_cfg)
+    to_tower = {k: v for k, v in overrides.items() if k not in own}
+    if to_tower:
+        tower_cfg = tower_cfg.replace(**to_tower)
+    return dataclasses.replace(cfg, **{tower: tower_cfg}, **mine)
 
 
 class ImageTowerModel(nn.Module):
