@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from vitkit.api import load_model
-from vitkit.bench import int8_report
+from vitkit.export.int8 import int8_report
 from vitkit.export.onnx import export_onnx
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -149,8 +149,28 @@ def test_export_cli_int8_reports_speedup_and_top1_change(trained, tmp_path, caps
     assert top1["pytorch"] > 70 and q["top1_change_points"] == pytest.approx(top1["int8"] - top1["pytorch"])
 
 
+def test_int8_report_scores_the_images_eval_scores(trained, tmp_path):
+    """The int8 report of an exported model: a speed-up over the fp32 graph and the top-1 change, on the split
+    `vitkit eval` scores (digits' held-out test split, through the same loader, so PyTorch's top-1 is eval's)."""
+    from vitkit.export.int8 import int8_report
+    from vitkit.inference import evaluate_on
+
+    model, path = trained[0], tmp_path / "r.onnx"
+    export_onnx(model, path)
+    q = int8_report(model, path, eval_data="digits", repeats=3)
+    assert q["path"] == str(tmp_path / "r.int8.onnx") and (tmp_path / "r.int8.onnx").is_file()
+    assert np.isfinite(q["speedup_vs_fp32_onnx"]) and q["speedup_vs_fp32_onnx"] > 0
+    scored = evaluate_on(model, "digits")
+    assert scored["split"] == "test" and q["accuracy"]["count"] == scored["count"]
+    top1 = q["accuracy"]["top1"]
+    assert top1["pytorch"] == pytest.approx(scored["top1"], abs=1e-9)
+    assert q["top1_change_points"] == pytest.approx(top1["int8"] - top1["pytorch"])
+    assert q["thresholds"] == {"max_drop_points": 0.5, "min_speedup": 1.2}
+    assert int8_report(model, path, eval_data="digits", eval_limit=40, repeats=1)["accuracy"]["count"] == 40
+
+
 def test_int8_warning_rule():
-    from vitkit.bench import int8_warning
+    from vitkit.export.int8 import int8_warning
 
     ok = {"path": "/x/m.int8.onnx", "speedup_vs_fp32_onnx": 1.5, "top1_change_points": -0.5, "eval_data": "digits"}
     assert int8_warning(ok) is None  # a drop of exactly 0.5 points is still fine
@@ -187,8 +207,8 @@ def test_export_cli_int8_warning_is_one_stderr_line(trained, tmp_path, capsys):
 
 
 def test_export_cli_int8_of_the_bundled_model_warns_exactly_when_measured_limits_are_crossed(tmp_path, capsys):
-    from vitkit.bench import INT8_MAX_DROP_POINTS, INT8_MIN_SPEEDUP, int8_warning
     from vitkit.data import fashion_mnist
+    from vitkit.export.int8 import INT8_MAX_DROP_POINTS, INT8_MIN_SPEEDUP, int8_warning
 
     if fashion_mnist.find_local() is None:
         pytest.skip("Fashion-MNIST not installed")

@@ -8,9 +8,8 @@ import shlex
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
-from .data.datasets import Transformed, data_spec, describe_split, eval_split, load_data, map_labels, shared_images
+from .data.datasets import data_spec, describe_split, eval_loader, load_data, load_eval_split, shared_images
 from .data.images import image_source, load_image
 from .data.transforms import conversion_note, eval_transform
 from .errors import DataError, ImageError, VitkitError
@@ -73,15 +72,14 @@ def evaluate_on(model, data: str, *, split: str | None = None, seed: int = 0, va
     turns on the checks that end up in `warnings`: images of the scored split the run trained on, and data
     that changed since the run recorded its validation split."""
     channels = in_chans(model)
-    ds_all = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=channels)
-    names = model.class_names or ds_all.class_names
+    ds_all, split, ds = load_eval_split(data, channels=channels, class_names=model.class_names, split=split, seed=seed,
+                                        val_fraction=val_fraction, strict=strict)
+    names = ds_all.class_names  # the model's own, when it has them
     if model.num_classes != len(names):
         raise DataError(f"the model has {model.num_classes} outputs but {data} has {len(names)} classes")
-    map_labels(ds_all, names)
-    split, ds = eval_split(ds_all, split)
     trained, warnings = (None, []) if training is None else _trained_images(
         ds_all, split, ds, data, seed, val_fraction, training, strict=strict, channels=channels)
-    loader = DataLoader(Transformed(ds, eval_transform(model.preprocess), deterministic=False), batch_size=batch_size)
+    loader = eval_loader(ds, model.preprocess, batch_size=batch_size)
     res = evaluate(model, loader, len(names), torch.device("cpu"))
     return {"data": ds_all.name, "split": split, "count": res["count"], "split_from": describe_split(ds_all, split),
             "trained_images": trained, "warnings": warnings, "top1": res["top1"], "top5": res["top5"],

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
 KNN_K, KNN_T = 20, 0.07
 
@@ -164,22 +163,20 @@ def probe_on(model, data: str, protocols: list[str] | tuple[str, ...] = ("knn", 
     """Frozen-feature results of `model` on `data` (digits | fashion-mnist | FOLDER | MANIFEST.csv): the train
     split is the k-NN bank and the probe's training set; `split` (default test, else val) the queries.
     Returns {"data", "split", "count", "bank_count", "knn": {...}, "linear": {...}} for the protocols asked."""
-    from .data.datasets import Transformed, eval_split, load_data
-    from .data.transforms import eval_transform
+    from .data.datasets import eval_loader, load_eval_split
     from .errors import DataError
 
-    ds_all = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=int(model.preprocess.input_size[0]))
     if split in ("train", "all"):
         raise DataError("frozen-feature evaluation queries the test or val split (the train split is the bank)")
-    split, queries = eval_split(ds_all, split)
+    # the data's own labels: the probes are fitted on them, whatever classes the model's head has
+    ds_all, split, queries = load_eval_split(data, channels=int(model.preprocess.input_size[0]), split=split,
+                                             seed=seed, val_fraction=val_fraction, strict=strict)
     if split == "all":  # eval_split's default for data that was never split: nothing held out to query
         raise DataError(f"frozen-feature evaluation needs a train split (the bank) and a separate eval split; "
                         f"{data} has no test or val split")
-    tf = eval_transform(model.preprocess)
 
     def feats(ds):
-        loader = DataLoader(Transformed(ds, tf, deterministic=False), batch_size=batch_size)
-        return extract_features(model, loader)
+        return extract_features(model, eval_loader(ds, model.preprocess, batch_size=batch_size))
 
     bank_x, bank_y = feats(ds_all.train)
     q_x, q_y = feats(queries)

@@ -2,7 +2,7 @@
 
 Dynamic batch by default; `--dynamic-size` also lets H and W vary (positions resampled bilinearly in the
 graph, see vitkit.export.onnx). `--int8` adds OUT.int8.onnx (dynamic quantisation, measured by
-vitkit.bench.int8_report) and, with `--eval-data`, prints its top-1 change beside its speed-up over the
+vitkit.export.int8) and, with `--eval-data`, prints its top-1 change beside its speed-up over the
 fp32 graph; one warning line on stderr when int8 costs more than 0.5 top-1 points or is under 1.2x as
 fast (`--int8-max-drop`, `--int8-min-speedup`).
 """
@@ -38,8 +38,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..api import load_model
-    from ..bench import int8_report
     from ..errors import ConfigError
+    from ..export.int8 import int8_report
     from ..export.onnx import export_onnx
 
     if not args.int8 and (args.int8_max_drop is not None or args.int8_min_speedup is not None):

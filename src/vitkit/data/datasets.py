@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from ..errors import ConfigError, DataError, ImageError
 from .builtin import BUILTIN_SETS, builtin_set
@@ -250,7 +250,7 @@ def eval_split(bundle: DataBundle, split: str | None = None) -> tuple[str, Datas
     """The images an evaluation scores -> (split name, dataset). `split`: test | val | train | all (every split
     together); by default the held-out one: test, else val, else, for data that was never split (a folder or
     CSV other than a run's training data, with no val/ or test/ folder), all of it. The one place that chooses:
-    `vitkit eval`, the frozen-feature probes and `bench`'s int8 check all call it."""
+    `vitkit eval`, the frozen-feature probes and export's int8 report all call it (through `load_eval_split`)."""
     parts = {"test": bundle.test, "val": bundle.val, "train": bundle.train}
     if split is None:
         split = next((s for s in ("test", "val") if parts[s] is not None), "all")
@@ -262,6 +262,29 @@ def eval_split(bundle: DataBundle, split: str | None = None) -> tuple[str, Datas
     if parts[split] is None:
         raise DataError(f"{bundle.name} has no {split} split")
     return split, parts[split]
+
+
+def load_eval_split(data: str, *, channels: int, class_names: list[str] | None = None, split: str | None = None,
+                    seed: int = 0, val_fraction: float = 0.0,
+                    strict: bool = False) -> tuple[DataBundle, str, Dataset]:
+    """What an evaluation scores -> (the whole data, the split's name, the split): `load_data` with the seed and
+    validation fraction a training run used, the labels re-indexed onto `class_names` (a model's classes) when
+    given, then `eval_split`. The one loader of `vitkit eval`, the frozen-feature probes and export's int8 report."""
+    bundle = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=channels)
+    if class_names:
+        map_labels(bundle, class_names)
+    name, ds = eval_split(bundle, split)
+    return bundle, name, ds
+
+
+def eval_loader(ds: Dataset, preprocess, *, batch_size: int = 256, limit: int | None = None) -> DataLoader:
+    """A split's (images [B, C, H, W], labels [B]) batches as a model with `preprocess` sees them at evaluation:
+    its eval transform, no randomness, in order; the first `limit` images at most."""
+    from .transforms import eval_transform
+
+    if limit is not None and limit < len(ds):
+        ds = Subset(ds, range(limit))
+    return DataLoader(Transformed(ds, eval_transform(preprocess), deterministic=False), batch_size=batch_size)
 
 
 def describe_split(bundle: DataBundle, split: str) -> str:

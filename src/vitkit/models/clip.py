@@ -31,8 +31,9 @@ from torch import nn
 from ..errors import ConfigError
 from ..layers import Attention, Block
 from ..layers.attention import sdpa_is_slower
-from .config import ACTS, CLIP_MEAN, CLIP_STD, ModelConfig, Preprocess, ViTConfig
+from .config import ACTS, CLIP_MEAN, CLIP_STD, Preprocess, ViTConfig
 from .registry import Pretrained, register_family, register_model
+from .towers import ImageTowerModel, TowerConfig
 from .vision_transformer import VisionTransformer
 
 
@@ -44,8 +45,9 @@ def clip_vision(width: int = 768, depth: int = 12, patch_size: int = 32, img_siz
 
 
 @dataclass
-class ClipConfig(ModelConfig):
+class ClipConfig(TowerConfig):
     _what = "CLIP config"
+    tower_field = "vision"  # the image tower; the text tower's fields are this config's own
 
     embed_dim: int = 512  # the joint image-text space (width of both projections)
     vision: ViTConfig = field(default_factory=clip_vision)  # its num_classes is always embed_dim (the projection)
@@ -59,10 +61,7 @@ class ClipConfig(ModelConfig):
     num_classes: int = 0  # a classifier on the normalised image embedding (zero-shot or trained); 0: none
 
     def __post_init__(self):
-        if isinstance(self.vision, dict):
-            self.vision = ViTConfig.from_dict(self.vision)
-        if not isinstance(self.vision, ViTConfig):
-            raise ConfigError(f"a CLIP config's vision tower must be a ViT config, got {type(self.vision).__name__}")
+        super().__post_init__()
         if self.vision.num_classes != self.embed_dim:  # the image projection is the tower's head
             self.vision = dataclasses.replace(self.vision, num_classes=self.embed_dim)
 
@@ -79,32 +78,6 @@ class ClipConfig(ModelConfig):
              f"text_width {self.text_width} is not divisible by text_heads {self.text_heads}")
         need(self.num_classes >= 0, f"num_classes must be >= 0, got {self.num_classes}")
         need(self.vision.act in ACTS, f"act must be one of {ACTS}")
-
-    # what every family's config has (ModelConfig): the image side's size and channels
-    @property
-    def img_size(self) -> tuple[int, int]:
-        return self.vision.img_size
-
-    @property
-    def in_chans(self) -> int:
-        return self.vision.in_chans
-
-    def replace(self, **overrides: Any) -> ClipConfig:
-        """Own fields by name; ViT field names (img_size, act, patch_size, ...) go to the image tower."""
-        own = {f.name for f in dataclasses.fields(self)}
-        vit_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-        unknown = sorted(set(overrides) - own - vit_fields)
-        if unknown:
-            raise ConfigError(f"unknown model option(s) {unknown} for a {self._what}; valid options: "
-                              f"{', '.join(sorted(own))} and the image tower's ({', '.join(sorted(vit_fields))})")
-        mine = {k: v for k, v in overrides.items() if k in own}
-        to_vision = {k: v for k, v in overrides.items() if k not in own}
-        vision = mine.pop("vision", self.vision)
-        if isinstance(vision, dict):
-            vision = ViTConfig.from_dict(vision)
-        if to_vision:
-            vision = vision.replace(**to_vision)
-        return dataclasses.replace(self, vision=vision, **mine)
 
 
 class CausalAttention(Attention):
@@ -182,7 +155,8 @@ class TextTransformer(nn.Module):
         return self.proj(x[torch.arange(B, device=x.device), eot])  # [B, E]
 
 
-class ClipModel(nn.Module):
+class ClipModel(ImageTowerModel):
+    image_attr = "visual"  # the model protocol is the image tower's (models/towers.py), but for the classifier
     head_names = ("head",)  # the classifier on the image embedding (`visual.head` is the image projection)
     # the image tower has attention maps and a position table, but the commands that use them run a ViT's
     # own forward (return_attn, token masks), which this model does not expose; its feature maps it does, and
@@ -234,25 +208,8 @@ class ClipModel(nn.Module):
         logits = self.logit_scale.exp() * img @ txt.t()  # [B, T]
         return logits, logits.t()
 
-    # ------------------------------------------------------------------ the model protocol (image side)
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images -> the image tower's normalised tokens [B, 1 + N, D]."""
-        return self.visual.forward_features(x)
-
-    @property
-    def output_fmts(self) -> tuple[str, ...]:
-        return self.visual.output_fmts
-
-    @property
-    def feature_info(self) -> list[dict]:
-        """The image tower's maps (one per block), named from this model."""
-        return [e | {"module": f"visual.{e['module']}"} for e in self.visual.feature_info]
-
-    def forward_intermediates(self, x: torch.Tensor, indices=None, **kwargs):
-        """The image tower's `forward_intermediates` (the contract: models/features.py); the final features
-        are its normalised tokens, as `forward_features`."""
-        return self.visual.forward_intermediates(x, indices, **kwargs)
-
+    # ------------------------------------------------------------------ the classifier on the image embedding
+    # (forward_features, the feature contract, grad checkpointing and checkpoint adaptation: the image tower's)
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> the image embedding [B, E] (`pre_logits`, or no classifier) or the classifier's logits
         [B, K] on the L2-normalised embedding."""
@@ -287,17 +244,14 @@ class ClipModel(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         if global_pool not in (None, self.cfg.vision.global_pool):
             raise ConfigError("a CLIP model pools its image tower as it was trained (its projection expects it)")
-        self.num_classes = num_classes
-        self.cfg = self.cfg.replace(num_classes=num_classes)
         self.head = self._new_head(num_classes)
-        if self.class_names is not None and len(self.class_names) != num_classes:
-            self.class_names = None
+        self._classes_changed(num_classes)
 
     def get_classifier(self) -> nn.Module:
         return self.head
 
     def no_weight_decay(self) -> set[str]:
-        return {f"visual.{n}" for n in self.visual.no_weight_decay()} | {"text.pos_embed", "logit_scale"}
+        return super().no_weight_decay() | {"text.pos_embed", "logit_scale"}
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Embeddings of both towers first, then block i of either tower in group i, then the final norms and
@@ -307,16 +261,6 @@ class ClipModel(nn.Module):
             "blocks": [(r"^(?:visual|text)\.blocks\.(\d+)", None),
                        (r"^visual\.(?:norm|fc_norm|head)|^text\.(?:norm|proj)", (99999,))],
         }
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.visual.set_grad_checkpointing(enable)
-
-    def adapt_checkpoint(self, sd: dict[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
-        """The image tower's adaptations (position table to this grid, 1/3-channel patch filters)."""
-        visual = {k[len("visual."):]: v for k, v in sd.items() if k.startswith("visual.")}
-        adapted = self.visual.adapt_checkpoint(visual, source)
-        return {k: v for k, v in sd.items() if not k.startswith("visual.")} | {f"visual.{k}": v
-                                                                                  for k, v in adapted.items()}
 
 
 register_family("clip", ClipConfig, ClipModel)

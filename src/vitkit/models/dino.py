@@ -9,16 +9,15 @@ what DINO's loss compares between teacher and student.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ..errors import ConfigError
 from ..layers.dino_head import DinoHead
 from . import vit_variants  # noqa: F401  (registers the backbones the names below are built on)
-from .config import ModelConfig, Preprocess, ViTConfig
+from .config import Preprocess, ViTConfig
 from .registry import get_entry, register_family, register_model
-from .towers import ImageTowerModel, replace_with_tower
+from .towers import ImageTowerModel, TowerConfig
 from .vision_transformer import VisionTransformer
 
 
@@ -27,8 +26,9 @@ def _dino_backbone(name: str = "vit_small_patch16_224") -> ViTConfig:
 
 
 @dataclass
-class DinoConfig(ModelConfig):
+class DinoConfig(TowerConfig):
     _what = "DINO config"
+    tower_field = "backbone"
 
     backbone: ViTConfig = field(default_factory=_dino_backbone)
     out_dim: int = 65536  # prototypes K (DINO's ImageNet value)
@@ -39,28 +39,9 @@ class DinoConfig(ModelConfig):
     norm_last_layer: bool = True  # prototypes of norm 1 (weight_g frozen at 1)
 
     def __post_init__(self):
-        if isinstance(self.backbone, dict):
-            self.backbone = ViTConfig.from_dict(self.backbone)
-        if not isinstance(self.backbone, ViTConfig):
-            raise ConfigError(f"a DINO config's backbone must be a ViT config, got {type(self.backbone).__name__}")
+        super().__post_init__()
         if min(self.out_dim, self.hidden_dim, self.bottleneck_dim, self.head_layers) <= 0:
             raise ConfigError("out_dim, hidden_dim, bottleneck_dim and head_layers must be positive")
-
-    @property
-    def img_size(self) -> tuple[int, int]:
-        return self.backbone.img_size
-
-    @property
-    def in_chans(self) -> int:
-        return self.backbone.in_chans
-
-    @property
-    def num_classes(self) -> int:
-        return self.backbone.num_classes
-
-    def replace(self, **overrides: Any) -> DinoConfig:
-        """Own fields by name; ViT field names (img_size, num_classes, depth, ...) go to the backbone."""
-        return replace_with_tower(self, "backbone", overrides)
 
 
 class DinoModel(ImageTowerModel):

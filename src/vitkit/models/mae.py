@@ -13,7 +13,6 @@ ViTMAEForPreTraining gives its decoder too), what `vitkit.load_model` gives for 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
@@ -21,9 +20,9 @@ from torch import nn
 from ..errors import ConfigError
 from ..layers import Block, sincos_2d_pos_embed
 from . import vit_variants  # noqa: F401  (registers the MAE encoders the names below are built on)
-from .config import ACTS, ModelConfig, Preprocess, ViTConfig
+from .config import ACTS, Preprocess, ViTConfig
 from .registry import get_entry, register_family, register_model
-from .towers import ImageTowerModel, replace_with_tower
+from .towers import ImageTowerModel, TowerConfig
 from .vision_transformer import VisionTransformer
 
 
@@ -147,8 +146,9 @@ def _mae_encoder(size: str = "base", patch_size: int = 16) -> ViTConfig:
 
 
 @dataclass
-class MaeConfig(ModelConfig):
+class MaeConfig(TowerConfig):
     _what = "MAE config"
+    tower_field = "encoder"
 
     encoder: ViTConfig = field(default_factory=_mae_encoder)
     decoder_dim: int = 512  # MAE's decoder for every encoder size: 512 wide, 8 blocks, 16 heads
@@ -161,10 +161,7 @@ class MaeConfig(ModelConfig):
     norm_pix_loss: bool = True  # MAE's recommended target (its released decoders were trained with it)
 
     def __post_init__(self):
-        if isinstance(self.encoder, dict):
-            self.encoder = ViTConfig.from_dict(self.encoder)
-        if not isinstance(self.encoder, ViTConfig):
-            raise ConfigError(f"an MAE config's encoder must be a ViT config, got {type(self.encoder).__name__}")
+        super().__post_init__()
         if not 0 < self.mask_ratio < 1:
             raise ConfigError(f"mask_ratio must be in (0, 1), got {self.mask_ratio}")
         if self.decoder_dim <= 0 or self.decoder_heads <= 0 or self.decoder_dim % self.decoder_heads:
@@ -176,23 +173,6 @@ class MaeConfig(ModelConfig):
             raise ConfigError(f"decoder_depth must be >= 0, got {self.decoder_depth}")
         if self.decoder_act not in ACTS:
             raise ConfigError(f"decoder_act must be one of {ACTS}")
-
-    # what every family's config has (ModelConfig): the encoder's size, channels and head
-    @property
-    def img_size(self) -> tuple[int, int]:
-        return self.encoder.img_size
-
-    @property
-    def in_chans(self) -> int:
-        return self.encoder.in_chans
-
-    @property
-    def num_classes(self) -> int:
-        return self.encoder.num_classes
-
-    def replace(self, **overrides: Any) -> MaeConfig:
-        """Own fields by name; ViT field names (img_size, num_classes, depth, ...) go to the encoder."""
-        return replace_with_tower(self, "encoder", overrides)
 
 
 class MaeModel(ImageTowerModel):

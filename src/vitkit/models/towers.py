@@ -1,10 +1,11 @@
-"""Whole pretraining models around an image model (MAE's encoder + decoder, DINO's backbone + head): as
-VitkitModels they are their image tower, so predict, embed, eval, the necks and fine-tuning work on them
-unchanged, and what they add (the decoder, the projection head) answers to their own forward arguments.
+"""Whole models around an image model (MAE's encoder + decoder, DINO's backbone + head, CLIP's image tower +
+text tower): as VitkitModels they are their image tower, so predict, embed, eval, the necks and fine-tuning work on
+them unchanged, and what they add (the decoder, the projection head, the text side) answers to their own forward
+arguments or methods. Their configs share `TowerConfig`, their models `ImageTowerModel`.
 
 A family's model names its image tower in `towers` (name -> (attribute, config field)): `load_model(path,
 tower="image")` and `create_model(<a name of the tower's family>, checkpoint_path=<whole file>)` take that
-part of a whole checkpoint (api.Checkpoint.tower). CLIP's pair declares the same (models/clip.py).
+part of a whole checkpoint (api.Checkpoint.tower).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .config import ViTConfig
+from .config import ModelConfig, ViTConfig
 
 
 def prefixed_matcher(matcher: dict, prefix: str) -> dict:
@@ -35,23 +36,55 @@ def prefixed_matcher(matcher: dict, prefix: str) -> dict:
     return out
 
 
-def replace_with_tower(cfg: Any, tower: str, overrides: dict[str, Any]) -> Any:
-    """`cfg.replace(**overrides)` for a whole model's config whose field `tower` holds a ViTConfig: its own
-    fields by name, ViT field names (img_size, num_classes, depth, ...) to the tower's config."""
-    own = {f.name for f in dataclasses.fields(cfg)}
-    vit_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-    unknown = sorted(set(overrides) - own - vit_fields)
-    if unknown:
-        raise ConfigError(f"unknown model option(s) {unknown} for a {cfg._what}; valid options: "
-                          f"{', '.join(sorted(own))} and the {tower}'s ({', '.join(sorted(vit_fields))})")
-    mine = {k: v for k, v in overrides.items() if k in own}
-    tower_cfg = mine.pop(tower, getattr(cfg, tower))
-    if isinstance(tower_cfg, dict):
-        tower_cfg = ViTConfig.from_dict(tower_cfg)
-    to_tower = {k: v for k, v in overrides.items() if k not in own}
-    if to_tower:
-        tower_cfg = tower_cfg.replace(**to_tower)
-    return dataclasses.replace(cfg, **{tower: tower_cfg}, **mine)
+class TowerConfig(ModelConfig):
+    """The config part every whole model around an image tower shares: its field `tower_field` holds the tower's
+    ViTConfig, whose size, channels and classes are the whole model's (what every family's config has), and
+    `replace` sends ViT field names to it. A family with a classifier of its own on the tower's output (CLIP's,
+    on the image embedding) declares `num_classes` as a field, which stands in front of the tower's."""
+
+    tower_field = "encoder"
+
+    def __post_init__(self):
+        """The tower as a ViTConfig: a saved file's dict is read into one, anything else refused."""
+        tower = self.tower_config
+        if isinstance(tower, dict):
+            tower = ViTConfig.from_dict(tower)
+            setattr(self, self.tower_field, tower)
+        if not isinstance(tower, ViTConfig):
+            raise ConfigError(f"{self._what}: its {self.tower_field} must be a ViT config, got {type(tower).__name__}")
+
+    @property
+    def tower_config(self) -> ViTConfig:
+        return getattr(self, self.tower_field)
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        return self.tower_config.img_size
+
+    @property
+    def in_chans(self) -> int:
+        return self.tower_config.in_chans
+
+    @property
+    def num_classes(self) -> int:
+        return self.tower_config.num_classes
+
+    def replace(self, **overrides: Any):
+        """Own fields by name; ViT field names (img_size, num_classes, depth, ...) to the tower's config."""
+        own = {f.name for f in dataclasses.fields(self)}
+        vit_fields = {f.name for f in dataclasses.fields(ViTConfig)}
+        unknown = sorted(set(overrides) - own - vit_fields)
+        if unknown:
+            raise ConfigError(f"unknown model option(s) {unknown} for a {self._what}; valid options: "
+                              f"{', '.join(sorted(own))} and the image tower's ({', '.join(sorted(vit_fields))})")
+        mine = {k: v for k, v in overrides.items() if k in own}
+        tower = mine.pop(self.tower_field, self.tower_config)
+        if isinstance(tower, dict):
+            tower = ViTConfig.from_dict(tower)
+        to_tower = {k: v for k, v in overrides.items() if k not in own}
+        if to_tower:
+            tower = tower.replace(**to_tower)
+        return dataclasses.replace(self, **{self.tower_field: tower}, **mine)  # __post_init__ validates the result
 
 
 class ImageTowerModel(nn.Module):
@@ -89,6 +122,10 @@ class ImageTowerModel(nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.image_model.reset_classifier(num_classes, global_pool)
+        self._classes_changed(num_classes)
+
+    def _classes_changed(self, num_classes: int) -> None:
+        """Record a new class count in the model and its config; class names that no longer fit are dropped."""
         self.num_classes = num_classes
         self.cfg = self.cfg.replace(num_classes=num_classes)
         if self.class_names is not None and len(self.class_names) != num_classes:
