@@ -3,7 +3,10 @@
 A checkpoint is read once into a `Checkpoint` (weights in the family's key names plus what the file says
 about itself), whatever its format: vitkit's own files name their family and config; foreign layouts are
 imported by key signature (weights.convert), each into the family its importer declares (a timm or original
-Swin file is a Swin), and their architecture is read off the shapes.
+Swin file is a Swin), and their architecture is read off the shapes: by the importer, or by the family's
+`infer_config` (models.registry.Family) where the importer leaves it. What is particular to a family (how its
+config is read off weights, what makes two configs one architecture, how a shape is described) is its Family
+entry's, so nothing here names a family or its config fields.
 """
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ from .errors import CheckpointError, ConfigError
 from .models import FAMILIES, Preprocess, get_entry, get_family, list_models
 from .models.registry import ModelEntry
 from .weights.convert import StateDict, to_vitkit
-from .weights.infer import infer_config
 from .weights.io import parse_vitkit_meta, read_any, read_safetensors_meta, resolve_path, save_checkpoint
 from .weights.labels import imagenet1k_class_names, is_imagenet1k_tag
 from .weights.layouts import hub_files
@@ -37,7 +39,7 @@ class Checkpoint:
     state_dict: StateDict
     layout: str  # "vitkit" or the foreign layout it was imported from
     family: str
-    config: Any = None  # the family's config (vitkit files, non-ViT importers); None: read a ViT's off the weights
+    config: Any = None  # the family's config (vitkit files, most importers); None: the family's infer_config reads it
     preprocess: Preprocess | None = None
     class_names: list[str] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -235,25 +237,14 @@ def _load(model: nn.Module, ckpt: Checkpoint, strict: bool) -> dict:
     ckpt = ckpt.as_family(getattr(model, "family", None))
     if ckpt.class_names and model.num_classes == len(ckpt.class_names):
         model.class_names = list(ckpt.class_names)
-    _check_hints(model, ckpt.hints, ckpt.path)
+    check_hints = get_family(model.family).check_hints
+    if check_hints is not None:
+        check_hints(model.cfg, ckpt.hints, ckpt.path)
     report = load_into(model, ckpt.state_dict, strict=strict, source=ckpt.path)
     model.provenance.setdefault("source", ckpt.path)
     model.provenance["imported_from"] = ckpt.layout
     log.info("loaded %s (%s layout)", ckpt.path, ckpt.layout)
     return report | {"layout": ckpt.layout}
-
-
-def _check_hints(model: nn.Module, hints: dict, path) -> None:
-    """What the source says about the architecture vs the model it is loaded into: a different head
-    count scrambles attention (an error); activation / LayerNorm eps differ only slightly (logged)."""
-    heads = hints.get("num_heads")
-    if heads is not None and heads != getattr(model.cfg, "num_heads", heads):
-        raise CheckpointError(f"{path}: the checkpoint has {heads} attention heads, the model "
-                              f"{model.cfg.num_heads} (pass num_heads={heads} or pick the matching --model)")
-    for name in ("act", "norm_eps"):
-        if name in hints and hints[name] != getattr(model.cfg, name, hints[name]):
-            log.info("%s: the checkpoint was trained with %s=%r, the model uses %r (outputs differ slightly; "
-                     "pass %s=%r to match)", path, name, hints[name], getattr(model.cfg, name), name, hints[name])
 
 
 def load_model(
@@ -289,24 +280,19 @@ def load_model(
         return _with_fast_paths(model).to(device)
     fam = get_family(ckpt.family)
     cfg = ckpt.config
-    read_whole_config = cfg is not None  # a ViT importer leaves the config to weights.infer (heads assumed)
-    guessed = None
-    if cfg is not None and ckpt.layout != "vitkit" and ckpt.preprocess is None:  # a non-ViT foreign file
-        ckpt.preprocess, guessed = _registered_preprocess(fam.name, cfg, source)
-    if cfg is None:
-        hints = dict(ckpt.hints)
-        if overrides.get("num_heads") is not None:  # the caller states it: nothing to assume
-            hints["num_heads"] = overrides["num_heads"]
-        try:
-            cfg = infer_config(ckpt.state_dict, hints, source=source)
-        except CheckpointError:
-            raise
-        except Exception as e:  # shapes that do not form a ViT
-            raise CheckpointError(f"{source}: cannot infer a ViT architecture from the weights ({e})") from None
-        if ckpt.preprocess is None:
-            ckpt.preprocess, guessed = _guess_preprocess(cfg, source)
-    trained_classes = cfg.num_classes
+    # the importer gave the whole config; else the family's reader assumes what the weights do not show
+    read_whole_config = cfg is not None
     changes = fam.translate_kwargs(dict(overrides)) if (overrides and fam.translate_kwargs) else dict(overrides)
+    guessed = None
+    if cfg is not None and ckpt.layout != "vitkit" and ckpt.preprocess is None:  # a foreign file with its config
+        ckpt.preprocess, guessed = _registered_preprocess(fam, cfg, source)
+    if cfg is None:
+        # what the caller states of what the weights cannot show is known: nothing to assume for it
+        stated = {k: v for k, v in changes.items() if k in fam.unrecorded_fields and v is not None}
+        cfg = fam.read_config(ckpt.state_dict, dict(ckpt.hints) | stated, source)
+        if ckpt.preprocess is None:
+            ckpt.preprocess, guessed = _guess_preprocess(fam, cfg, source)
+    trained_classes = cfg.num_classes
     if num_classes is not None:
         changes["num_classes"] = num_classes
     if img_size is not None:
@@ -345,22 +331,23 @@ def _with_fast_paths(model: nn.Module) -> nn.Module:
     return model
 
 
-# ViT config fields that make two models the same architecture for preprocessing purposes (the head count is
-# not among them: a foreign file does not record it, see weights.infer)
-_SHAPE_FIELDS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "class_token", "distilled",
-                 "num_reg_tokens", "prefix_pos", "global_pool", "pre_norm", "patch_bias", "embed_layer")
+def _shape_key(fam, cfg) -> Any:
+    """What makes `cfg` one architecture with a registered config of its family (equal keys), for
+    preprocessing: the family's `shape_key`, else every field but those a load adapts."""
+    if fam.shape_key is not None:
+        return fam.shape_key(cfg)
+    return {k: v for k, v in cfg.to_dict().items() if k not in _ADAPTED}
 
 
-def _guess_preprocess(cfg, source: str) -> tuple[Preprocess | None, str]:
+def _guess_preprocess(fam, cfg, source: str) -> tuple[Preprocess | None, str]:
     """Preprocessing for weights that record none, from the registered models of the same shape.
 
     -> (Preprocess or None for the model's default, what it came from). All matching names agree: theirs,
     silently. They disagree (timm's ViT-B/16 augreg uses mean/std 0.5, DeiT-B the ImageNet statistics): the
-    paper family's (`vit_*`, timm's augreg), with one line naming the alternative and how to pick it. No
-    match: the ImageNet default, with one line saying how to set it."""
-    matches = [e for e in (get_entry(n) for n in list_models(family="vit"))
-               if all(getattr(e.cfg, f) == getattr(cfg, f) for f in _SHAPE_FIELDS)
-               and (e.cfg.init_values is None) == (cfg.init_values is None)]
+    paper models' (the family's own listing group, `vit_*`: timm's augreg), with one line naming the
+    alternative and how to pick it. No match: the ImageNet default, with one line saying how to set it."""
+    own = _shape_key(fam, cfg)
+    matches = [e for e in (get_entry(n) for n in list_models(family=fam.name)) if _shape_key(fam, e.cfg) == own]
     stats = {(tuple(e.mean), tuple(e.std), e.interpolation, e.crop_pct) for e in matches}
     how = (f"convert it once with `vitkit convert {source} OUT.safetensors --mean M,M,M --std S,S,S` "
            "(or --model NAME) and use OUT")
@@ -371,7 +358,7 @@ def _guess_preprocess(cfg, source: str) -> tuple[Preprocess | None, str]:
     if len(stats) == 1:
         e = matches[0]
         return e.preprocess(cfg), e.name
-    pick = next((e for e in matches if e.group == "vit"), matches[0])
+    pick = next((e for e in matches if e.group == fam.name), matches[0])
     other = next(e for e in matches if (tuple(e.mean), tuple(e.std)) != (tuple(pick.mean), tuple(pick.std))
                  or (e.interpolation, e.crop_pct) != (pick.interpolation, pick.crop_pct))
     note_once(f"{source} records no preprocessing: using {pick.name}'s (mean {_fmt(pick.mean)}, std {_fmt(pick.std)}, "
@@ -380,16 +367,16 @@ def _guess_preprocess(cfg, source: str) -> tuple[Preprocess | None, str]:
     return pick.preprocess(cfg), f"{pick.name} (guessed)"
 
 
-def _registered_preprocess(family: str, cfg, source: str) -> tuple[Preprocess | None, str]:
-    """A non-ViT foreign checkpoint's preprocessing: that of the registered name of its family with the same
-    architecture (head and regularisation aside), else None (the family's default, with one line saying so)
-    -> (preprocess, where it came from)."""
-    own = {k: v for k, v in cfg.to_dict().items() if k not in _ADAPTED}
-    for name in list_models(family=family):
+def _registered_preprocess(fam, cfg, source: str) -> tuple[Preprocess | None, str]:
+    """The preprocessing of a foreign checkpoint whose importer gave its config: that of the registered name of
+    its family with the same architecture (head and regularisation aside), else None (the family's default,
+    with one line saying so) -> (preprocess, where it came from)."""
+    own = _shape_key(fam, cfg)
+    for name in list_models(family=fam.name):
         e = get_entry(name)
-        if {k: v for k, v in e.cfg.to_dict().items() if k not in _ADAPTED} == own:
+        if _shape_key(fam, e.cfg) == own:
             return e.preprocess(cfg), name
-    note_once(f"{source} records no preprocessing and matches no registered {family} model: using the family's "
+    note_once(f"{source} records no preprocessing and matches no registered {fam.name} model: using the family's "
               f"default; if it was trained otherwise, convert it once with `vitkit convert {source} OUT.safetensors "
               "--mean M,M,M --std S,S,S` and use OUT")
     return None, "default (guessed)"
@@ -418,8 +405,8 @@ def _true_arch(provenance: dict, fam, cfg) -> dict:
     diff = {k: v for k, v in own.items() if k not in _ADAPTED and ref.get(k) != v}
     if not diff:
         return prov
-    if all(hasattr(cfg, f) for f in ("embed_dim", "depth", "num_heads", "patch_size")):
-        shape = f"{fam.name} {cfg.embed_dim}/{cfg.depth}/{cfg.num_heads} patch {cfg.patch_size}"
+    if fam.describe_shape is not None:
+        shape = f"{fam.name} {fam.describe_shape(cfg)}"
     else:
         shape = f"{arch} with " + ", ".join(f"{k}={v}" for k, v in diff.items())
     return prov | {"arch": shape, "base_arch": arch, "model_args": diff}

@@ -10,13 +10,14 @@ tests/test_feature_contract.py checks for every family registered here.
 from __future__ import annotations
 
 import fnmatch
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from .config import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 
@@ -29,6 +30,39 @@ class Family:
     cost: Callable[[Any], dict[str, dict[str, int]]] | None = None
     # maps other libraries' keyword names (timm's) onto config fields; returns the translated overrides
     translate_kwargs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # for foreign files whose importer gives no config: the reader of this family's config off a state dict in
+    # its key names, `(state_dict, hints, source=) -> config`, named "module:function" and imported on first use
+    # (see `read_config`). The reader lives in the weights layer (it says what it assumed through weights.notes,
+    # and the importers call it), which models must never import (tests/test_layering.py), and it imports the
+    # module that registers its family (weights.infer -> models.vit_variants): a name keeps the entry here with
+    # neither an upward import nor a cycle. None: every importer of the family gives the config itself.
+    infer_config: str | None = None
+    # config fields a state dict's shapes do not show (a ViT's head count): a caller's override of one is what
+    # the source states, handed to `infer_config` among the hints, so nothing is assumed for it
+    unrecorded_fields: tuple[str, ...] = ()
+    # config -> what makes two configs one architecture for preprocessing: a file that records no preprocessing
+    # takes that of the registered names with the same key. None: every field but those a load adapts
+    shape_key: Callable[[Any], tuple] | None = None
+    # config -> a short shape ("384/12/6 patch 16"), the provenance `arch` of a changed registered architecture
+    describe_shape: Callable[[Any], str] | None = None
+    # (config, hints, source) -> None: what a foreign source states about the architecture (Imported.hints)
+    # checked against the config of the model it is loaded into (raises CheckpointError, or logs)
+    check_hints: Callable[[Any, dict[str, Any], str], None] | None = None
+
+    def read_config(self, state_dict: dict, hints: dict[str, Any], source: str):
+        """This family's config read off `state_dict` (in its key names) by `infer_config`; a family without a
+        reader, or weights that do not form one of its models, is a CheckpointError naming the family."""
+        if self.infer_config is None:
+            raise CheckpointError(f"{source}: its importer gives no {self.name} config and the {self.name} family "
+                                  "cannot read one off the weights; name the architecture: --model NAME "
+                                  "(load_model(..., model_name=NAME); `vitkit models` lists the names)")
+        module, _, function = self.infer_config.partition(":")
+        reader = getattr(importlib.import_module(module), function)
+        try:
+            return reader(state_dict, hints, source=source)
+        except Exception as e:  # shapes that do not form one of this family's models: what is wrong, and where
+            raise CheckpointError(f"{source}: cannot infer a {self.name} architecture from the weights ({e})") \
+                from None
 
 
 @dataclass(frozen=True)
@@ -78,8 +112,10 @@ FAMILIES: dict[str, Family] = {}
 _REGISTRY: dict[str, ModelEntry] = {}
 
 
-def register_family(name: str, config: type, model: type[nn.Module], cost=None, translate_kwargs=None) -> Family:
-    FAMILIES[name] = Family(name, config, model, cost, translate_kwargs)
+def register_family(name: str, config: type, model: type[nn.Module], cost=None, translate_kwargs=None,
+                    **entry_fields: Any) -> Family:
+    """`entry_fields`: the optional Family fields by name (infer_config, shape_key, ...)."""
+    FAMILIES[name] = Family(name, config, model, cost, translate_kwargs, **entry_fields)
     model.family = name  # the family travels with every instance (save_model writes it)
     return FAMILIES[name]
 

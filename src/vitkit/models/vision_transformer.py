@@ -509,3 +509,43 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     return x.permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)
 
 
+
+
+# ---------------------------------------------------------------------------- the vit family's registry entry
+# (models/registry.py Family; vit_variants registers the family with these)
+
+# reads a ViTConfig off a timm-named state dict; a name, not an import: it lives in the weights layer
+VIT_CONFIG_READER = "vitkit.weights.infer:infer_config"
+
+# what a ViT state dict's shapes do not show: the head count splits the width, it is no tensor's shape
+VIT_UNRECORDED_FIELDS = ("num_heads",)
+
+# ViTConfig fields that make two models the same architecture for preprocessing purposes (the head count is
+# not among them: a foreign file does not record it, see weights.infer)
+VIT_SHAPE_FIELDS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "class_token",
+                    "distilled", "num_reg_tokens", "prefix_pos", "global_pool", "pre_norm", "patch_bias",
+                    "embed_layer")
+
+
+def vit_shape_key(cfg: ViTConfig) -> tuple:
+    """The shape fields, and whether blocks have LayerScale: its init value is not the architecture (a file's
+    trained gammas are loaded over it; weights.infer can only say that there are some)."""
+    return (*(getattr(cfg, f) for f in VIT_SHAPE_FIELDS), cfg.init_values is not None)
+
+
+def describe_vit_shape(cfg: ViTConfig) -> str:
+    """'384/12/6 patch 16': width / depth / heads and the patch, as `vitkit models` lists them."""
+    return f"{cfg.embed_dim}/{cfg.depth}/{cfg.num_heads} patch {cfg.patch_size}"
+
+
+def check_vit_hints(cfg: ViTConfig, hints: dict, source: str) -> None:
+    """What a foreign source says about the architecture vs the config it is loaded into: a different head
+    count scrambles attention (an error); activation / LayerNorm eps differ only slightly (logged)."""
+    heads = hints.get("num_heads")
+    if heads is not None and heads != cfg.num_heads:
+        raise CheckpointError(f"{source}: the checkpoint has {heads} attention heads, the model "
+                              f"{cfg.num_heads} (pass num_heads={heads} or pick the matching --model)")
+    for name in ("act", "norm_eps"):
+        if name in hints and hints[name] != getattr(cfg, name):
+            log.info("%s: the checkpoint was trained with %s=%r, the model uses %r (outputs differ slightly; "
+                     "pass %s=%r to match)", source, name, hints[name], getattr(cfg, name), name, hints[name])

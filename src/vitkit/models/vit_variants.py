@@ -17,7 +17,14 @@ from ..layers import layer_name
 from .config import INCEPTION_MEAN, INCEPTION_STD, ViTConfig
 from .cost import vit_cost
 from .registry import Pretrained, register_family, register_model
-from .vision_transformer import VisionTransformer
+from .vision_transformer import (
+    VIT_CONFIG_READER,
+    VIT_UNRECORDED_FIELDS,
+    VisionTransformer,
+    check_vit_hints,
+    describe_vit_shape,
+    vit_shape_key,
+)
 from .vit_catalogue import CATALOGUE, STATS, hub_name, refusal
 
 # size -> (width, depth, heads, mlp width). The ViT paper's Table 1 plus the usual extras.
@@ -107,7 +114,9 @@ def translate_timm_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-register_family("vit", ViTConfig, VisionTransformer, cost=vit_cost, translate_kwargs=translate_timm_kwargs)
+register_family("vit", ViTConfig, VisionTransformer, cost=vit_cost, translate_kwargs=translate_timm_kwargs,
+                infer_config=VIT_CONFIG_READER, unrecorded_fields=VIT_UNRECORDED_FIELDS, shape_key=vit_shape_key,
+                describe_shape=describe_vit_shape, check_hints=check_vit_hints)
 
 
 def _add(name: str, group: str, *, pretrained: dict[str, str] | None = None, **kw) -> None:

@@ -1,4 +1,7 @@
-"""Read a ViTConfig off a vitkit/timm-named state dict (what the shapes say), plus source hints."""
+"""Read a ViTConfig off a vitkit/timm-named state dict (what the shapes say), plus source hints.
+
+`infer_config` is the vit family's reader (its Family entry names it, models.vision_transformer.VIT_CONFIG_READER):
+vitkit.api calls it through `Family.read_config` for a foreign ViT file, the whole-model importers directly."""
 from __future__ import annotations
 
 import logging
