@@ -360,7 +360,7 @@ def test_cli_server_keys_slow_upload_and_graceful_sigterm(uploads, tmp_path):
     key_file.chmod(0o600)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"), VITKIT_API_KEY=env_key)
     proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", "bundled:fashion-mnist", "--port", str(port),
-                             "--timeout-s", "1.5", "--api-key-file", str(key_file)],
+                             "--timeout-s", "1.5", "--api-key-file", str(key_file), "--threads", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -380,6 +380,7 @@ def test_cli_server_keys_slow_upload_and_graceful_sigterm(uploads, tmp_path):
         for key in [env_key, *file_keys]:
             r = httpx.get(base + "/v1/model", headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200 and r.json()["num_classes"] == 10
+            assert r.json()["server"]["runner"]["torch_threads"] == 2  # --threads, not OMP_NUM_THREADS' 1
         status, body = http_exchange(port, b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n",
                                      [b"abc"])
         assert status == 401 and "key" in json.loads(body)["error"]
@@ -419,6 +420,11 @@ def test_cli_refuses_bad_input_in_one_line(capsys, tmp_path, monkeypatch):
     assert "--port" in err and len(err.splitlines()) == 1
     assert main(["serve", "bundled:fashion-mnist", "--index", str(tmp_path)]) != 0
     assert "index" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse's refusal, in vitkit's one line
+        main(["serve", "bundled:fashion-mnist", "--threads", "0"])
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert "--threads" in err and len(err.splitlines()) == 1
 
 
 def test_cli_refuses_a_network_address_without_a_key(capsys, tmp_path, monkeypatch):
@@ -702,3 +708,127 @@ def test_batcher_reports_its_waiting_requests_through_a_public_method():
     gate.set()
     assert [f.result(5) for f in futures] == [0, 1, 2] and b.waiting() == 0
     b.close()
+
+
+# ------------------------------------------------------------------------------------- the one model runner
+def _watched_model():
+    """Its own copy of the bundled model (the hooks stay on it) with every forward's thread and overlap recorded:
+    (model, record) where record holds the most calls seen running at once and the threads that made them."""
+    model = vitkit.load_model("bundled:fashion-mnist").eval()
+    record = {"running": 0, "most": 0, "threads": set()}
+    count = threading.Lock()
+
+    def enter(module, args):
+        with count:
+            record["running"] += 1
+            record["most"] = max(record["most"], record["running"])
+            record["threads"].add(threading.current_thread().name)
+        time.sleep(0.005)  # widen the window in which a second model call would overlap this one
+
+    def leave(module, args, output):
+        with count:
+            record["running"] -= 1
+
+    model.patch_embed.register_forward_pre_hook(enter)  # every operation's model call starts here
+    model.patch_embed.register_forward_hook(leave)
+    return model, record
+
+
+def test_one_runner_thread_makes_every_model_call_and_each_operation_is_batched(uploads):
+    """Concurrent predict and embed requests: every model call is made on the one runner thread, never two at
+    once, and each operation's requests still share model calls."""
+    model, record = _watched_model()
+    app = create_app(model, name="b", max_batch=8, batch_timeout_ms=100)
+    names = [n for n in uploads if n.startswith("digit")]
+    calls = [(path, names[i % len(names)]) for i in range(16) for path in ("/v1/predict", "/v1/embed")]
+    with TestClient(app) as c:
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda call: post(c, call[0], uploads[call[1]], call[1]), calls))
+        server = c.get("/v1/model").json()["server"]
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
+    assert record["most"] == 1 and record["threads"] == {"vitkit-model"}, record
+    assert server["runner"]["thread"] == "vitkit-model" and server["runner"]["torch_threads"] == torch.get_num_threads()
+    for op in ("predict", "embed"):
+        stats = server["batches"][op]
+        assert stats["requests"] == 16 and stats["batches"] < 16 and stats["largest_batch"] > 1, (op, stats)
+
+
+def test_the_runner_answers_or_refuses_every_queued_request_when_it_stops(uploads):
+    """Closing the runner: new work is refused at once; work already queued is answered while the drain time
+    lasts, and what is still queued after it is refused with a clear error (no request is left hanging on a
+    model that is stuck); without a drain limit everything queued is answered. The worker then exits."""
+    from vitkit.serve.batching import ModelRunner
+    from vitkit.serve.service import ModelService
+
+    model = vitkit.load_model("bundled:fashion-mnist").eval()
+    gate, started = threading.Event(), threading.Event()
+
+    def held(module, args):
+        started.set()
+        assert gate.wait(10)
+
+    model.patch_embed.register_forward_pre_hook(held)
+    service = ModelService(model, "b")
+    runner = ModelRunner("vitkit-model")
+    predictor = Batcher(service.predict_batch, max_batch=1, timeout_ms=0, name="vitkit-predict", runner=runner)
+    embedder = Batcher(service.embed_batch, max_batch=1, timeout_ms=0, name="vitkit-embed", runner=runner)
+    x = service.prepare(Image.open(io.BytesIO(uploads["digit1.png"])))
+    for drain_s in (0.2, None):
+        gate.clear()
+        started.clear()
+        runner.start()
+        first = predictor.submit(x)
+        assert started.wait(10)  # the first call is running (held at the gate); the rest wait behind it
+        queued = [predictor.submit(x), embedder.submit(x), embedder.submit(x)]
+        closer = threading.Thread(target=runner.close, kwargs={"drain_s": drain_s})
+        closer.start()
+        time.sleep(0.05)
+        with pytest.raises(BusyError, match="shutting down"):
+            embedder.submit(x)
+        if drain_s is not None:
+            closer.join(5)  # returns at the drain limit although the model is still held
+            assert not closer.is_alive()
+            for future in queued:
+                with pytest.raises(BusyError, match="stopped before"):
+                    future.result(0)
+        gate.set()
+        closer.join(10)
+        assert first.result(10).shape == (10,)
+        if drain_s is None:
+            assert [tuple(f.result(0).shape) for f in queued] == [(10,), (bundled_dim := model.num_features,),
+                                                                   (bundled_dim,)]
+        deadline = time.monotonic() + 10
+        while runner.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not runner.running
+
+
+def test_a_failing_model_call_answers_that_request_alone_and_the_server_keeps_serving(uploads, caplog):
+    """The model fails on one input (a blank image here; out of memory in real life): that request gets one
+    clear JSON line (500, the details in the server log, not to the client), the requests batched with it get
+    their answers, and the server keeps serving."""
+    model = vitkit.load_model("bundled:fashion-mnist").eval()
+
+    def refuse_blank(module, args):
+        (x,) = args  # [B, C, H, W]
+        if bool((x.flatten(1).std(1) == 0).any()):
+            raise RuntimeError("simulated failure on a blank input")
+
+    model.patch_embed.register_forward_pre_hook(refuse_blank)
+    blank = png(np.full((32, 32), 128, np.uint8))
+    names = [n for n in uploads if n.startswith("digit")]
+    bodies = [uploads[n] for n in names] * 2 + [blank, blank]
+    with TestClient(create_app(model, name="b", max_batch=8, batch_timeout_ms=100)) as c:
+        with caplog.at_level("ERROR", logger="vitkit.serve"), ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(lambda data: post(c, "/v1/predict", data), bodies))
+        for r, data in zip(answers, bodies):
+            if data is blank:
+                msg = assert_one_line_error(r, 500)
+                assert "model failed" in msg and "RuntimeError" in msg and "simulated" not in msg, msg
+            else:
+                assert r.status_code == 200, r.text
+        assert "simulated failure on a blank input" in caplog.text
+        assert "model failed" in assert_one_line_error(post(c, "/v1/embed", blank), 500)
+        assert c.get("/health").status_code == 200
+        assert post(c, "/v1/predict", uploads["camera.png"]).status_code == 200
+        assert c.get("/v1/model").json()["server"]["batches"]["predict"]["largest_batch"] > 1

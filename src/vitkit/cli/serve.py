@@ -37,6 +37,10 @@ def register(sub) -> None:
                    help="largest declared image size in pixels (default: vitkit.data.images.MAX_PIXELS, 64 MP)")
     p.add_argument("--timeout-s", type=_positive, default=30.0,
                    help="longest wait for the model (503 after) and for an upload to arrive (408 after)")
+    p.add_argument("--threads", type=positive_int, help="threads the model computes with: torch's intra-op "
+                   "threads, set once on the server's one model thread (ONNX Runtime's with --backend onnx); "
+                   "default: torch's count, the cores. The server's other threads: the event loop and, while "
+                   "uploads are decoded, up to one per core")
     p.add_argument("--top-k", type=positive_int, default=5, help="classes returned when a request does not say")
     p.add_argument("--index", metavar="INDEX", help="a search index from `vitkit index` to enable /v1/search")
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on the API (default: "
@@ -71,12 +75,16 @@ def run(args) -> int:
               "use the API (--insecure)", file=sys.stderr, flush=True)
     _check_port(args.host, args.port)  # before the (slow) model load, and instead of uvicorn's log line
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)  # before the load: an ONNX session takes torch's count when it is made
     model = load_backend(args.checkpoint, args.backend)  # loaded once, before the port opens
     backend = "torch" if hasattr(model, "state_dict") else "onnx"
     app = create_app(model, name=str(args.checkpoint), backend=backend, max_batch=args.max_batch,
                      batch_timeout_ms=args.batch_timeout_ms, max_upload_mb=args.max_upload_mb,
                      max_pixels=args.max_pixels, request_timeout_s=args.timeout_s, upload_timeout_s=args.timeout_s,
-                     index=args.index, default_top_k=args.top_k, api_keys=api_keys)
+                     index=args.index, default_top_k=args.top_k, api_keys=api_keys, torch_threads=args.threads)
     keys = "no API key" if api_keys is None else f"{len(api_keys)} API key{'s' if len(api_keys) > 1 else ''}"
     print(f"vitkit serve: {args.checkpoint} at http://{args.host}:{args.port}/  ({keys}; API schema: /openapi.json; "
           "Ctrl-C or SIGTERM stops it after the requests in flight)", flush=True)

@@ -4,9 +4,16 @@ multipart form field or the raw body, and decoded with the same checks and conve
 refused). Nothing here opens, creates or names a path on the server's disk."""
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
+import anyio
+import anyio.to_thread
+
+from ..data.images import decode_image
 from ..errors import VitkitError
 
 FORM_FIELD = "file"  # the multipart field the image goes in (curl -F file=@photo.jpg)
@@ -28,6 +35,40 @@ def upload_name(filename: str | None) -> str:
     base = re.split(r"[\\/]", filename)[-1]
     clean = "".join(ch for ch in base if ch.isprintable())[:80].strip()
     return clean or "upload"
+
+
+class UploadReader:
+    """Requests to decoded images, with every limit: `max_upload_mb` on the image (413 above it),
+    `upload_timeout_s` for the body to arrive (408 after it), `max_pixels` on the declared image size (None:
+    `vitkit.data.images.MAX_PIXELS`). `service` gives the channel count and the model's preprocessing."""
+
+    def __init__(self, service: Any, max_upload_mb: float, max_pixels: int | None, upload_timeout_s: float):
+        self.service, self.max_upload_mb, self.max_pixels = service, max_upload_mb, max_pixels
+        self.upload_timeout_s = upload_timeout_s
+        self.upload_limit = int(max_upload_mb * 2**20)
+        self.body_limit = self.upload_limit + 64 * 1024  # room for the multipart headers around the file
+        # at most this many uploads are decoded at once: a 64 MP image is ~200 MB of pixels, so decoding is
+        # bounded by the cores rather than by the thread pool's 40 threads
+        self.decode_slots = anyio.CapacityLimiter(os.cpu_count() or 2)
+
+    async def read(self, request, prepare: bool = False):
+        """(decoded image, name, model input [C, H, W] when `prepare`) from the request, in memory; decoding
+        and preprocessing run off the event loop, in one hop."""
+        try:
+            body = await asyncio.wait_for(read_body(request.stream(), request.headers.get("content-length"),
+                                                    self.body_limit), self.upload_timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the upload did not arrive within {self.upload_timeout_s:g} s") from None
+        data, image_name = await image_bytes(request.headers.get("content-type", ""), request.headers, body)
+        if len(data) > self.upload_limit:
+            raise RequestError(413, f"{image_name}: {len(data) / 2**20:.1f} MB is above the "
+                               f"{self.max_upload_mb:g} MB limit")
+
+        def decode():
+            image = decode_image(data, self.service.channels, self.max_pixels, image_name)
+            return image, image_name, self.service.prepare(image) if prepare else None
+
+        return await anyio.to_thread.run_sync(decode, limiter=self.decode_slots)
 
 
 async def read_body(stream: AsyncIterator[bytes], declared_length: str | None, limit: int) -> bytes:
