@@ -194,7 +194,7 @@ def _tiny_task(**opts) -> DinoTask:
     model = vitkit.create_model("vit_pico_patch2_8")
     recipe = Recipe(task="dino", bf16=False, epochs=3, task_args={"out_dim": 16, "hidden_dim": 16,
                                                                  "bottleneck_dim": 8, "n_local": 2, **opts})
-    return DinoTask(recipe, net=model, model=model, num_classes=10, device=torch.device("cpu"))
+    return DinoTask(recipe, model, num_classes=10, device=torch.device("cpu"))
 
 
 def test_teacher_is_an_ema_of_model_and_head_with_the_scheduled_momentum():
@@ -278,10 +278,11 @@ def test_dino_trains_through_the_trainer_and_resumes_exactly(tmp_path):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
     ta, tb = load_state(straight / "state.safetensors")["task"], load_state(split / "state.safetensors")["task"]
-    assert {"center", "teacher.pos_embed", "teacher_head.last_layer.weight_v", "student_head.mlp.0.weight"} <= set(ta)
+    assert {"loss_fn.center", "teacher.pos_embed", "teacher_head.last_layer.weight_v",
+            "student_head.mlp.0.weight"} <= set(ta)
     for k in ta:
         torch.testing.assert_close(ta[k], tb[k], rtol=1e-5, atol=1e-6, msg=k)
-    assert ta["center"].abs().sum() > 0
+    assert ta["loss_fn.center"].abs().sum() > 0
     ka, kb = load_file(str(straight / "teacher.safetensors")), load_file(str(split / "teacher.safetensors"))
     assert ka.keys() == a.keys()  # the teacher checkpoint: the encoder alone, as the student's
     for k in ka:

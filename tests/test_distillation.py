@@ -144,7 +144,7 @@ def test_the_teacher_logits_cache_reuses_each_image_and_resumes_exactly(tmp_path
     fixed = Recipe(task="distillation", task_args=args, crop="none", reprob=0.0, bf16=False,
                    model_args={"distilled": True, "class_token": True, "global_pool": "token"})
     student = vitkit.create_model("vit_pico_patch2_8", **fixed.model_args)
-    task = DistillationTask(fixed, net=student, model=student, num_classes=10, device=torch.device("cpu"))
+    task = DistillationTask(fixed, student, num_classes=10, device=torch.device("cpu"))
     seen = []
     task.teacher.register_forward_hook(lambda m, inp, out: seen.append(len(inp[0])))
     x, y = torch.randn(6, 1, 8, 8), torch.arange(6)
@@ -156,7 +156,7 @@ def test_the_teacher_logits_cache_reuses_each_image_and_resumes_exactly(tmp_path
     assert seen == [6, 6]  # all six from the cache
     task.teacher_logits(torch.cat([x[:3], torch.randn(2, 1, 8, 8)]))
     assert seen == [6, 6, 2] and len(task.cache) == 8  # only the two new images went through the teacher
-    rrc = DistillationTask(fixed.replace(crop="rrc"), net=student, model=student, num_classes=10,
+    rrc = DistillationTask(fixed.replace(crop="rrc"), student, num_classes=10,
                            device=torch.device("cpu"))
     assert rrc.cache is None
 
@@ -166,11 +166,12 @@ def test_the_teacher_logits_cache_reuses_each_image_and_resumes_exactly(tmp_path
               "--set", f"task.teacher={teacher}", *DISTILLED]
     assert cli(["train", "--out", str(tmp_path / "straight"), *common]) == 0
     assert cli(["train", "--out", str(tmp_path / "split"), *common, "--stop-after-epochs", "1"]) == 0
-    assert len(load_state(tmp_path / "split" / "state.safetensors")["task"]["teacher_cache.keys"]) == 96
+    assert len(load_state(tmp_path / "split" / "state.safetensors")["task"]["_extra_state.teacher_cache_keys"]) == 96
     assert cli(["train", "--out", str(tmp_path / "split"), "--resume", "--quiet"]) == 0
     steps = [[json.loads(s)["loss"] for s in (tmp_path / r / "steps.jsonl").read_text().splitlines()]
              for r in ("straight", "split")]
     assert len(steps[0]) == 6 and steps[0] == steps[1]
     a = load_state(tmp_path / "straight" / "state.safetensors")["task"]
     b = load_state(tmp_path / "split" / "state.safetensors")["task"]
-    assert torch.equal(a["teacher_cache.keys"], b["teacher_cache.keys"]) and 96 < len(a["teacher_cache.keys"]) <= 192
+    keys = "_extra_state.teacher_cache_keys"
+    assert torch.equal(a[keys], b[keys]) and 96 < len(a[keys]) <= 192

@@ -84,8 +84,8 @@ def test_small_data_presets_select_on_validation_and_build_their_objective():
         r = get_recipe(name)
         torch.manual_seed(0)
         model = model_io.build(r, 10, 1, (28, 28) if r.data == "fashion-mnist" else (8, 8))
-        task = TASKS[r.task](r, net=model, model=model, num_classes=10, device=torch.device("cpu"))
-        assert task.modules() and sum(p.numel() for m in task.modules() for p in m.parameters()) > 0
+        task = TASKS[r.task](r, model, num_classes=10, device=torch.device("cpu"))
+        assert task.heads() and sum(p.numel() for m in task.heads() for p in m.parameters()) > 0
     # the fine-tuning preset adapts any checkpoint: run with --finetune it keeps its name (derive)
     ft = get_recipe("fashion-mnist-finetune")
     assert not is_bound(ft) and derive(ft, "runs/fashion-mnist-mae/last.safetensors").name == ft.name

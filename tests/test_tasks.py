@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 
 def _task(recipe: Recipe, net: nn.Module | None = None, num_classes: int = 4) -> ClassificationTask:
     net = net or nn.Identity()  # the "model" returns its input: the batch's x are the logits
-    return ClassificationTask(recipe, net=net, model=net, num_classes=num_classes, device=CPU)
+    return ClassificationTask(recipe, net, num_classes=num_classes, device=CPU)
 
 
 def test_classification_loss_is_label_smoothed_cross_entropy_in_fp32():
@@ -60,32 +60,33 @@ def test_mixup_gives_soft_targets_until_the_last_epochs():
 
 class BrierTask(Task):
     """A regression-style objective: a small probe on the logits, mean squared error to one-hot targets.
-    It owns a trainable module and keeps state for --resume, and counts the hooks the loop calls."""
+    It owns a trainable module and a buffer (kept for --resume by nn.Module's own state_dict: nothing
+    hand-written), and counts the hooks the loop calls."""
 
-    def __init__(self, recipe, **kw):
-        super().__init__(recipe, **kw)
+    def __init__(self, recipe, model, **kw):
+        super().__init__(recipe, model, **kw)
         self.probe = nn.Linear(self.num_classes, self.num_classes)
         self.probe_init = self.probe.weight.detach().clone()
         self.epochs_started: list[int] = []
         self.steps_done: list[int] = []
-        self.steps_seen = torch.zeros((), dtype=torch.long)
+        self.register_buffer("steps_seen", torch.zeros((), dtype=torch.long))
 
-    def __call__(self, batch) -> dict[str, Any]:
+    def forward(self, batch) -> dict[str, Any]:
+        assert self.training and self.model.training and self.probe.training  # the loop trains in train mode
         x, y = batch
         with self.autocast():
-            logits = self.net(x)
+            logits = self.model(x)
         pred = self.probe(logits.float()).softmax(1)
         return {"loss": F.mse_loss(pred, F.one_hot(y, self.num_classes).float()), "batch_size": len(x)}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
-        model.eval()
+        assert not model.training and not self.probe.training  # the loop evaluates in eval mode
         total, n = 0.0, 0
         for x, y in loader:
             pred = self.probe(model(x).float()).softmax(1)
             total += F.mse_loss(pred, F.one_hot(y, self.num_classes).float(), reduction="sum").item() / self.num_classes
             n += len(y)
-        model.train()
         return {"loss": total / n, "score": -total / n}
 
     def on_epoch_start(self, epoch: int) -> None:
@@ -94,16 +95,6 @@ class BrierTask(Task):
     def after_step(self, step: int) -> None:
         self.steps_done.append(step)
         self.steps_seen += 1
-
-    def modules(self) -> list[nn.Module]:
-        return [self.probe]
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {f"probe.{k}": v for k, v in self.probe.state_dict().items()} | {"steps_seen": self.steps_seen}
-
-    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        self.probe.load_state_dict({k[6:]: v for k, v in sd.items() if k.startswith("probe.")})
-        self.steps_seen = sd["steps_seen"].clone()
 
 
 def test_a_new_objective_trains_through_the_unchanged_loop(tmp_path, monkeypatch):
@@ -120,7 +111,7 @@ def test_a_new_objective_trains_through_the_unchanged_loop(tmp_path, monkeypatch
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics] == [1, 2] and "eval_top1" not in metrics[0]
     assert all(0 < m["eval_loss"] < 0.2 for m in metrics)
-    assert trainer.best["score"] == max(-m["eval_loss"] for m in metrics)  # the task's score picked best
+    assert trainer.at.best["score"] == max(-m["eval_loss"] for m in metrics)  # the task's score picked best
     # the probe was trained by the optimiser and saved with the state
     assert any(task.probe.weight is p for g in trainer.optimizer.param_groups for p in g["params"])
     st = load_state(tmp_path / "run" / "state.safetensors")

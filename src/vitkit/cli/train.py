@@ -181,7 +181,7 @@ def list_recipes(args) -> int:
 
 
 def run(args) -> int:
-    from ..training.trainer import train
+    from ..training.pipeline import train
 
     if args.list_recipes is not None:
         return list_recipes(args)

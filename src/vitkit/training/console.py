@@ -1,4 +1,5 @@
-"""What a training run shows while it runs: counts in words, the progress bar and its time estimate.
+"""What a training run shows while it runs (the Reporter): counts in words, the progress bar and its time
+estimate.
 
 The estimate comes from a moving window of recent step times after a few warm-up steps, never from the first
 step alone: the first steps pay for memory allocation, thread start-up and lazy initialisation, and on a CPU
@@ -10,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+HEAVY_SIDE = 224  # on a CPU, a model that reads images this large (per side) gets a cost estimate and an ETA
 WARMUP_STEPS = 2  # optimiser steps left out of the estimate
 WINDOW_STEPS = 20  # the estimate follows the median of this many recent steps
 MIN_SAMPLES = 3  # timed steps needed before there is an estimate at all
@@ -96,3 +98,113 @@ def print_cost(console, model, micro_batch: int, bf16: bool) -> None:
     console.print(f"cost: {c.gmacs_per_image:.2f} GMACs per image forward (about 3x to train), "
                   f"{c.params_total / 1e6:.2f}M params, {format_bytes(c.activation_bytes)} of activations "
                   f"for a batch of {micro_batch} ({c.dtype}); an ETA follows after a few steps", soft_wrap=True)
+
+
+class Reporter:
+    """What a run says on stderr: the main process speaks, the others are `silent`; `quiet` keeps only the
+    lines that end a run (done, stopped, already finished, interrupted). The command line passes one in; a
+    notebook can pass a subclass that logs elsewhere."""
+
+    def __init__(self, quiet: bool = False, silent: bool = False):
+        self.quiet, self.silent = quiet, silent
+
+    def console(self, always: bool = False):
+        from rich.console import Console
+
+        return Console(stderr=True, quiet=(self.quiet and not always) or self.silent)
+
+    def say(self, text: str, always: bool = False) -> None:
+        self.console(always).print(text, soft_wrap=True)
+
+    def start(self, name: str, model: str, params: int, data, n_eval: int, eval_split: str, size, epochs: int,
+              steps: int, world: int, device) -> None:
+        vs = data.info.get("val_split") or {}
+        held = f", {vs['fraction']:.0%} of train held out" if vs.get("auto") else ""
+        self.say(f"[bold]vitkit train[/] recipe {name}: {model} ({params / 1e6:.2f}M params) on {data.name} "
+                 f"({len(data.train)} train / {n_eval} {eval_split}{held}) at {size[0]}x{size[1]} px, "
+                 f"{count(epochs, 'epoch')} x {count(steps, 'step')}, {count(world, 'process')}, {device}")
+        if data.info.get("num_skipped"):
+            self.say(f"[yellow]skipped {count(data.info['num_skipped'], 'unreadable image')}[/] (listed in config.json)")
+
+    def already_finished(self, folder, summary: dict, epochs: int) -> dict:
+        self.say(f"run {folder} already finished ({summary.get('epochs', epochs)}/{count(epochs, 'epoch')}); "
+                 "nothing to do", always=True)
+        return summary
+
+    def stale_temps(self, removed: int, freed: int, folder) -> None:
+        if removed:
+            from ..analysis.cost import format_bytes
+
+            self.say(f"removed {count(removed, 'stale temp file')} ({format_bytes(freed)}) left by interrupted "
+                     f"writes in {folder}")
+
+    def resumed(self, folder, at, epochs: int, total_steps: int) -> None:
+        where = (f"at epoch {at.epoch + 1}/{epochs}, step {at.step}/{total_steps}" if at.epoch < epochs else
+                 f"after its last epoch ({at.epoch}/{count(epochs, 'epoch')}) for the final evaluation and report")
+        self.say(f"resuming {folder} {where}")
+
+    def epoch(self, rec: dict, epochs: int, split: str, described: str) -> None:
+        self.say(f"epoch {rec['epoch']}/{epochs} loss {rec['train_loss']:.4f} {split} {described} "
+                 f"{rec['img_per_s']:.0f} img/s")
+
+    def stopped(self, folder, epoch: int) -> None:
+        self.say(f"stopped after epoch {epoch} as asked; continue with `vitkit train --out {folder} --resume`",
+                 always=True)
+
+    def interrupted(self, folder, at) -> None:
+        self.say(f"vitkit train: interrupted at epoch {at.epoch + 1}, step {at.step}: saved a resumable state to "
+                 f"{folder / 'state.safetensors'}; continue with `vitkit train --out {folder} --resume`", always=True)
+
+    def done(self, described: str, epochs: int, seconds: float, report) -> None:
+        """Also with `quiet`: the one line that says where the result is."""
+        self.say(f"[bold green]done[/]: final {described} after {count(epochs, 'epoch')} in {seconds:.0f} s; "
+                 f"report: {report}", always=True)
+
+    def precision(self, bf16: bool, threads: int, note: str | None) -> None:
+        self.say(f"precision {'bf16 autocast' if bf16 else 'fp32'}, {count(threads, 'torch thread')} per process")
+        if note:
+            self.say(note)
+
+    def heavy(self, model, device, micro_batch: int, bf16: bool) -> bool:
+        """A run on a CPU at HEAVY_SIDE px and up gets its cost said now, and an ETA once the steps are timed."""
+        heavy = device.type == "cpu" and min(model.preprocess.input_size[1:]) >= HEAVY_SIDE
+        if heavy and not self.silent:
+            print_cost(self.console(), model, micro_batch, bf16)
+        return heavy
+
+    def progress(self, total: int, done: int, epoch: int, epochs: int, announce_eta: bool) -> StepBar:
+        """The bar over the run's optimiser steps (none where nothing is left to train); `announce_eta`: the
+        estimate is also said in a line, once, after the warm-up (a heavy run)."""
+        return StepBar(self, total, done, epoch, epochs, announce_eta and not self.silent,
+                       disable=self.quiet or self.silent or epoch >= epochs)
+
+
+class StepBar:
+    """A context manager: `step(loss, lr, ips, epoch, seconds)` after each optimiser step."""
+
+    def __init__(self, reporter: Reporter, total: int, done: int, epoch: int, epochs: int, announce_eta: bool,
+                 disable: bool):
+        self.epochs, self.eta, self.announce = epochs, Eta(total - done), announce_eta
+        self.progress = progress_bar(reporter.console(), disable=disable)
+        self.bar = self.progress.add_task(f"epoch {epoch + 1}/{epochs}", total=total, completed=done,
+                                          loss=float("nan"), lr=0.0, ips=0.0, eta="")
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def step(self, loss: float, lr: float, ips: float, epoch: int, seconds: float) -> None:
+        eta = self.eta
+        eta.record(seconds)
+        self.progress.update(self.bar, advance=1, loss=loss, lr=lr, ips=ips,
+                             description=f"epoch {epoch + 1}/{self.epochs}", eta=eta.text())
+        if self.announce and eta.seconds_left() is not None:  # said once, after the warm-up
+            self.announce = False
+            if eta.steps_left:
+                self.progress.console.print(eta.describe(), soft_wrap=True)
+
+    def stop(self) -> None:
+        self.progress.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -50,18 +49,16 @@ def all_mean(values: list[float], d: Dist, device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def all_mean_grads(params: Iterable[torch.nn.Parameter], d: Dist) -> None:
-    """Average gradients across ranks, for trainable modules outside the DDP-wrapped model (a task's own)."""
-    if d.world > 1:
-        for p in params:
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= d.world
-
-
 def barrier(d: Dist) -> None:
     if d.world > 1:
         dist.barrier()
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, handled: the state is saved and the main process has said how to resume (`reported`, so the
+    command line adds no second message)."""
+
+    reported = True
 
 
 class Interrupt:

@@ -75,6 +75,27 @@ def provenance(recipe, dataset: str, epoch: int, split: str, metrics: dict[str, 
             "command": command, "vitkit": __version__, "ema": recipe.ema, "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def run_summary(recipe, data, history: list[dict[str, Any]], *, out, model: str, command: str, steps: int,
+                final_split: str, final: dict[str, Any], best: dict[str, Any], wall: float, world: int,
+                strategy: str | None) -> dict[str, Any]:
+    """summary.json of a finished run: what ran, its final and best numbers, time and throughput."""
+    from .tasks.base import loggable
+
+    seen = sum(h["img_per_s"] * h["train_time_s"] for h in history)
+    train_time = sum(h["train_time_s"] for h in history)
+    return {
+        "status": "done", "out": str(out), "recipe": recipe.name,
+        **({"based_on": recipe.based_on} if recipe.based_on else {}), "model": model, "data": data.name,
+        "command": command, "epochs": history[-1]["epoch"], "steps": steps,
+        "final": {"split": final_split} | loggable(final), "best": dict(best), "wall_time_s": wall,
+        "train_time_s": train_time, "img_per_s": seen / max(train_time, 1e-9), "world_size": world,
+        "strategy": strategy, "ema": recipe.ema, "precision": "bf16" if recipe.bf16 else "fp32",
+        "threads": torch.get_num_threads(),
+        **({"expected": recipe.expected} if recipe.expected else {}),  # a preset's own target, only on its own run
+        "skipped_images": data.info.get("num_skipped", 0),
+    }
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -91,6 +112,17 @@ class RunDir:
         except (OSError, ValueError):
             return {}
         return summary if isinstance(summary, dict) else {}
+
+    def diverged(self, loss: float, at, lr: float, write: bool) -> TrainingError:
+        """The error for a non-finite loss at the step after `at` (a Progress); `write`: summary.json says so."""
+        last = self.path / "last.safetensors"
+        keep = (f"the last good checkpoint is {last} (epoch {at.epoch})" if last.exists() and at.epoch
+                else "no checkpoint had been saved yet")
+        if write:
+            self.write_summary({"status": "diverged", "step": at.step + 1, "epoch": at.epoch + 1, "loss": str(loss)})
+        return TrainingError(f"loss became {loss} at step {at.step + 1} (epoch {at.epoch + 1}, batch "
+                             f"{at.batch_in_epoch + 1}); stopped without saving; {keep}. Lower the lr (now {lr:g}) "
+                             "or keep clip_grad on")
 
     def remove_stale_temps(self) -> tuple[int, int]:
         """Before a run writes here: the temp files a killed write left (atomic_path's pattern only; other

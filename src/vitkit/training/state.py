@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +77,46 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     return {"model": model, "ema": ema, "task": task, "rng": tensors.get("rng.torch"),
             "optimizer": optimizer_from_flat(tensors, json.loads(meta["vitkit.optimizer"])),
             "info": json.loads(meta["vitkit.info"])}
+
+
+def _fresh_partial() -> dict[str, float]:
+    return {"loss_sum": 0.0, "count": 0, "seen": 0, "time": 0.0}
+
+
+@dataclass
+class Progress:
+    """Where a run is (kept in state.safetensors' info for --resume): the epoch and step, the epoch records,
+    the best so far, the current epoch's running sums and the wall time of the processes before this one."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] = field(default_factory=lambda: {"epoch": 0})
+    partial: dict[str, float] = field(default_factory=_fresh_partial)
+    wall_time_s: float = 0.0
+
+    def add_step(self, loss: float, images: int, seconds: float) -> None:
+        p = self.partial
+        self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
+        p["loss_sum"], p["count"] = p["loss_sum"] + loss, p["count"] + 1
+        p["seen"], p["time"] = p["seen"] + images, p["time"] + seconds
+
+    def close_epoch(self, lr: float) -> dict[str, Any]:
+        """The epoch's record (training numbers; the loop adds the evaluation's), and the next epoch begun."""
+        p = self.partial
+        rec = {"epoch": self.epoch + 1, "step": self.step, "train_loss": p["loss_sum"] / max(p["count"], 1),
+               "lr": lr, "img_per_s": p["seen"] / max(p["time"], 1e-9), "train_time_s": p["time"]}
+        self.history.append(rec)
+        self.epoch, self.batch_in_epoch, self.partial = self.epoch + 1, 0, _fresh_partial()
+        return rec
+
+    def info(self, wall_time_s: float, recipe: str) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
+                "history": self.history, "best": self.best, "partial": self.partial, "wall_time_s": wall_time_s,
+                "recipe": recipe}
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> Progress:
+        return cls(**{k: info[k] for k in ("epoch", "batch_in_epoch", "step", "history", "best", "partial",
+                                            "wall_time_s")})

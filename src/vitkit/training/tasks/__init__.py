@@ -17,11 +17,16 @@ TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "distillat
                                 "mae": MaeTask, "dino": DinoTask, "segment": SegmentTask}
 
 
-def make_task(recipe, **kw) -> Task:
+def task_class(recipe) -> type[Task]:
     if recipe.task not in TASKS:
         raise ConfigError(f"unknown task {recipe.task!r}; known: {', '.join(TASKS)}")
-    return TASKS[recipe.task](recipe, **kw)
+    return TASKS[recipe.task]
 
 
-__all__ = ["TASKS", "ClassificationTask", "DinoTask", "DistillationTask", "MaeTask", "Task", "loggable", "make_task",
-           "to_device"]
+def make_task(recipe, model, **kw) -> Task:
+    """The recipe's objective around `model` (num_classes=, device=)."""
+    return task_class(recipe)(recipe, model, **kw)
+
+
+__all__ = ["TASKS", "ClassificationTask", "DinoTask", "DistillationTask", "MaeTask", "SegmentTask", "Task",
+           "loggable", "make_task", "task_class", "to_device"]

@@ -1,10 +1,15 @@
-"""Training objectives. The loop knows nothing about what is learnt; per micro-batch it does
+"""Training objectives. A task is an nn.Module: the one trainable module of a run, the model being trained
+(`task.model`, what the run saves) plus the objective's own heads (MAE's decoder, DINO's head, a segmentation
+head). The loop wraps it whole in DDP or FSDP (training/strategy.py) and, per micro-batch, does
 
-    out = task(batch)                               # batch: what the DataLoader yields, on the device
+    out = net(batch)                                # net: the task, wrapped; batch on the device
     (out["loss"] / accum_steps).backward()
 
-and per epoch `task.evaluate(model, loader)`, whose "score" picks best.safetensors. timm's `timm/task`
-(TrainingTask) is the precedent: the objective is an object that wraps the (possibly DDP-wrapped) model.
+and per epoch `task.evaluate(model, loader)`, whose "score" picks best.safetensors. So train/eval modes,
+gradient sync across processes and the state for --resume come from nn.Module, DDP and FSDP, not from each
+task. Frozen models (a distillation teacher, DINO's EMA teacher) are held outside the trained module
+(`Task.hold`): never trained, never wrapped, never in `state_dict()`. timm's `timm/task` (TrainingTask, an
+nn.Module that owns the model and its loss) is the precedent.
 """
 from __future__ import annotations
 
@@ -12,57 +17,66 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ...errors import ConfigError
+EXTRA = "_extra_state"  # nn.Module's key for get_extra_state()
 
 
-class Task:
-    """An objective. A new one (MAE, DeiT distillation, DINO) subclasses Task, adds itself to `TASKS`, and
-    implements:
+class Task(nn.Module):
+    """An objective. A new one subclasses Task, adds itself to `TASKS`, builds its heads as submodules in
+    `__init__` and implements:
 
-    - `__call__(batch) -> dict`: "loss", a scalar tensor (the micro-batch mean), plus anything else it likes;
-      "batch_size" (images in the micro-batch) when `batch[0]` is not the image tensor. It runs `self.net`
-      (the model as trained: DDP-wrapped and compiled when asked) under `self.autocast()`.
+    - `forward(batch) -> dict`: "loss", a scalar tensor (the micro-batch mean), plus anything else it likes;
+      "batch_size" (images in the micro-batch) when `batch[0]` is not the image tensor. It runs `self.model`
+      under `self.autocast()`.
     - `evaluate(model, loader) -> dict`: metrics with "score" (higher is better: it picks best.safetensors;
-      an MAE returns -loss) and "loss". The other numbers are logged as eval_<name>; other values (a
-      confusion matrix) only reach the report.
+      an MAE returns -loss) and "loss", for `model` (the weights evaluated: the trained model, its EMA, or a
+      checkpoint) with the task's heads. The loop puts the task and `model` in eval mode first. The other
+      numbers are logged as eval_<name>; other values (a confusion matrix) only reach the report.
 
     and, when it needs them (the defaults do nothing):
 
-    - `on_train_start(total_steps, steps_per_epoch)`: the length of the run (DINO's momentum schedule);
-    - `on_epoch_start(epoch)`: a schedule over epochs (MixUp off for the last epochs, DINO's teacher temperature);
-    - `after_step(step)`: after each optimiser step (DINO's teacher EMA update);
-    - `modules()`: trainable modules besides the model (MAE's decoder, DINO's head); the optimiser trains them
-      and the loop averages their gradients across ranks;
-    - `state_dict()` / `load_state_dict()`: tensors kept in state.safetensors for --resume (a DINO teacher,
-      its centre); a frozen teacher loaded from a file needs none;
-    - `describe(metrics)`: the metrics as the per-epoch console line shows them;
-    - `figures(model, dataset, folder)`: PNG files for the run report (MAE's reconstructions), by title;
+    - `every_parameter_used = False` when the loss leaves some of the model's parameters without a gradient
+      (MAE and DINO never use the classifier): DDP then looks for them each step;
+    - `on_train_start(total_steps, steps_per_epoch)`, `on_epoch_start(epoch)`, `after_step(step)`: schedules
+      (DINO's momentum and teacher temperature, MixUp off for the last epochs) and updates after each
+      optimiser step (DINO's teacher EMA);
+    - `held_state()`: the frozen modules held outside whose weights still change (DINO's EMA teacher), by
+      name: the loop keeps them in state.safetensors; a teacher loaded from a file needs none;
+    - `get_extra_state()` / `set_extra_state()` (nn.Module's): state that is not a parameter or buffer, as a
+      dict of tensors (DINO's step, a distillation teacher's logits cache);
     - `checkpoints(provenance)`: models besides the trained one that the run folder keeps as vitkit
-      checkpoints, by file name, each with its provenance (the run's, as last.safetensors has it, adapted);
-      DINO's EMA teacher: teacher.safetensors. Written by `RunDir.save_task_checkpoints`.
+      checkpoints, by file name, each with its provenance (DINO's teacher: teacher.safetensors); the loop
+      writes them with last.safetensors and at the end of the run;
+    - `describe(metrics)`: the metrics as the per-epoch console line shows them;
+    - `figures(model, dataset, folder)`: files for the run report (MAE's reconstructions), by title.
     """
 
-    def __init__(self, recipe, *, net: nn.Module, model: nn.Module, num_classes: int, device: torch.device):
-        self.recipe, self.net, self.model = recipe, net, model
+    every_parameter_used = True
+
+    def __init__(self, recipe, model: nn.Module, *, num_classes: int, device: torch.device):
+        super().__init__()
+        self.recipe, self.model = recipe, model
         self.num_classes, self.device = num_classes, device
 
-    def with_every_parameter(self, loss: torch.Tensor) -> torch.Tensor:
-        """`loss` plus every model parameter times 0, under DDP: an objective that trains on tokens or features
-        (MAE, DINO) leaves the classifier (and for MAE the pooling norm) unused, and DDP waits for a gradient of
-        every parameter each step. find_unused_parameters would do too, but refuses several forwards per step
-        (DINO's crops); the zero term costs one pass over the weights."""
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return loss
-        return loss + 0.0 * sum(p.sum() for p in self.model.parameters() if p.requires_grad)
+    @classmethod
+    def runs_first(cls, recipe) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+        """Runs the objective needs before it starts, by task option: {option: (preset, run folder, --set
+        overrides)}. training/pipeline.py trains or finds each, then sets the option to its best.safetensors
+        (a distillation teacher given as recipe:NAME)."""
+        return {}
+
+    def hold(self, name: str, module: nn.Module) -> nn.Module:
+        """Keep `module` as attribute `name` without registering it: a frozen model outside the trained one."""
+        object.__setattr__(self, name, module)
+        return module
+
+    def heads(self) -> list[nn.Module]:
+        """The task's own submodules (trained with the model, in the optimiser after the model's groups)."""
+        return [m for m in self.children() if m is not self.model]
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.recipe.bf16)
-
-    def __call__(self, batch) -> dict[str, Any]:
-        raise NotImplementedError
 
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
         raise NotImplementedError
@@ -76,15 +90,8 @@ class Task:
     def after_step(self, step: int) -> None:
         pass
 
-    def modules(self) -> list[nn.Module]:
-        return []
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def held_state(self) -> dict[str, nn.Module]:
         return {}
-
-    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        if sd:
-            raise ConfigError(f"task {type(self).__name__} keeps no state, but the saved state has {sorted(sd)[:3]}")
 
     def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
         return {}
@@ -95,6 +102,45 @@ class Task:
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
         text = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)) and k != "score")
         return text + (f" (without EMA: score {raw['score']:.4g})" if raw else "")
+
+    # -- the state the loop keeps for --resume (the model's own weights are saved apart, as last.safetensors)
+    def resume_state(self) -> dict[str, torch.Tensor]:
+        """Heads, buffers, extra state and held modules as flat tensors (`model.*` left out)."""
+        sd = {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
+        flat = {}
+        for k, v in sd.items():
+            if k.endswith(EXTRA):  # a dict of tensors: one key each
+                flat |= {f"{k}.{name}": t for name, t in v.items()}
+            else:
+                flat[k] = v
+        for name, module in self.held_state().items():
+            flat |= {f"{name}.{k}": v for k, v in module.state_dict().items()}
+        return flat
+
+    def load_resume_state(self, flat: dict[str, torch.Tensor]) -> None:
+        from ...errors import ConfigError
+
+        held = self.held_state()
+        own, parts, extras = {}, {name: {} for name in held}, {}
+        for k, v in flat.items():
+            head, _, rest = k.partition(".")
+            if head in parts:
+                parts[head][rest] = v
+            elif EXTRA in k:
+                key, _, name = k.partition(EXTRA + ".")
+                extras.setdefault(key + EXTRA, {})[name] = v
+            else:
+                own[k] = v
+        for key in self.state_dict():  # an empty extra state was saved as no tensors at all
+            if key.endswith(EXTRA):
+                extras.setdefault(key, {})
+        missing, unexpected = self.load_state_dict(own | extras, strict=False)
+        missing = [k for k in missing if not k.startswith("model.")] + [n for n in held if not parts[n]]
+        if missing or unexpected:
+            raise ConfigError(f"the saved state is not a {type(self).__name__} run's: it lacks {sorted(missing)[:3]}"
+                              + (f" and has {sorted(unexpected)[:3]}" if unexpected else ""))
+        for name, module in held.items():
+            module.load_state_dict(parts[name])
 
 
 def loggable(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:

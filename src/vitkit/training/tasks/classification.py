@@ -14,8 +14,8 @@ class ClassificationTask(Task):
     """Cross-entropy with label smoothing, in fp32 on the logits; MixUp/CutMix soft targets
     (data.transforms.batch_mixer), switched off for the last `mix_off_epochs` epochs."""
 
-    def __init__(self, recipe, **kw):
-        super().__init__(recipe, **kw)
+    def __init__(self, recipe, model, **kw):
+        super().__init__(recipe, model, **kw)
         from ...data.transforms import batch_mixer
 
         self.mixer = batch_mixer(recipe, self.num_classes)
@@ -28,12 +28,12 @@ class ClassificationTask(Task):
         """logits [B, K]; target [B] class indices or [B, K] soft targets."""
         return F.cross_entropy(logits.float(), target, label_smoothing=self.recipe.label_smoothing)
 
-    def __call__(self, batch) -> dict[str, Any]:
+    def forward(self, batch) -> dict[str, Any]:
         x, y = batch
         if self.mixing:
             x, y = self.mixer(x, y)  # y: [B, K] soft targets
         with self.autocast():
-            logits = self.net(x)
+            logits = self.model(x)
         return {"loss": self.loss(logits, y), "logits": logits, "target": y, "batch_size": len(x)}
 
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:

@@ -167,8 +167,10 @@ class DinoTask(Task):
     ViT. The teacher's momentum schedule spans the run: the loop passes its number of optimiser steps to
     `on_train_start` (call it yourself when driving the task by hand)."""
 
-    def __init__(self, recipe, **kw):
-        super().__init__(recipe, **kw)
+    every_parameter_used = False  # the model's classifier gets no gradient
+
+    def __init__(self, recipe, model, **kw):
+        super().__init__(recipe, model, **kw)
         require(self.model, "token_seam", "DINO")
         require(self.model, "pos_resample", "DINO's local crops")
         self.opts = o = DinoOptions.from_dict(recipe.task_args)
@@ -180,10 +182,12 @@ class DinoTask(Task):
         if self._ddp and self.device.type == "cuda":  # batch statistics over all processes, as DINO
             head = nn.SyncBatchNorm.convert_sync_batchnorm(head)
         self.student_head = head
-        self.teacher = copy.deepcopy(m).eval().requires_grad_(False)
-        # the teacher head stays in train mode, as DINO's teacher: a BatchNorm in it normalises with the batch's
-        # statistics (its running statistics are never trained: buffers are not averaged)
-        self.teacher_head = copy.deepcopy(self.student_head).requires_grad_(False)
+        # the EMA teacher: held outside the trained module (never trained by gradients, never DDP-wrapped)
+        self.hold("teacher", copy.deepcopy(m).eval().requires_grad_(False))
+        # the teacher head follows the task's mode (`train`), as DINO's teacher: while training, a BatchNorm in
+        # it normalises with the batch's statistics (its running statistics are never trained: buffers are not
+        # averaged); an evaluation uses them and leaves them as they were
+        self.hold("teacher_head", copy.deepcopy(self.student_head).requires_grad_(False))
         self.loss_fn = DinoLoss(o.out_dim, o.student_temp, o.center_momentum).to(self.device)
         gh, gw = (int(s) for s in m.preprocess.input_size[1:])
         ph, pw = m.patch_embed.patch_size
@@ -198,7 +202,6 @@ class DinoTask(Task):
                                tuple(pre.mean), tuple(pre.std), photometric=o.photometric)
         self.n_crops = 2 + o.n_local
         self.epoch, self.step, self._micro = 0, 0, 0
-        self._saved_at: int | None = None  # the step teacher.safetensors was last written at
         self.total_steps: int | None = None
         self.teacher_temp = teacher_temperature(0, o.teacher_temp, o.warmup_teacher_temp, o.warmup_teacher_temp_epochs)
         self.momentum = o.momentum_teacher
@@ -206,6 +209,11 @@ class DinoTask(Task):
         for p in self.student_head.last_layer.parameters():
             if p.requires_grad:
                 p.register_hook(lambda g: torch.zeros_like(g) if self._freeze else g)
+
+    def train(self, mode: bool = True) -> DinoTask:
+        super().train(mode)
+        self.teacher_head.train(mode)
+        return self
 
     # -- schedules
     def on_epoch_start(self, epoch: int) -> None:
@@ -231,26 +239,28 @@ class DinoTask(Task):
             torch._foreach_add_(t, [p.detach() for p in s], alpha=1 - m)
 
     # -- the objective
-    def _features(self, net: nn.Module, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return model.forward_head(net(x, features=True), pre_logits=True)
+    @staticmethod
+    def _features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model.forward_head(model(x, features=True), pre_logits=True)  # through __call__: compiled if asked
 
-    def outputs(self, x: torch.Tensor, generator: torch.Generator | None = None, net: nn.Module | None = None,
-                model: nn.Module | None = None, world: tuple[int, int] = (1, 0)) -> tuple[torch.Tensor, torch.Tensor]:
-        """(student outputs [n_crops * B, K], teacher outputs [2 * B, K]) for images [B, C, H, W]; `world`:
-        (processes, rank) sharing the batch equally (the crops are drawn for the whole batch)."""
-        net, model = net or self.net, model or self.model
+    def outputs(self, x: torch.Tensor, generator: torch.Generator | None = None, model: nn.Module | None = None,
+                world: tuple[int, int] = (1, 0)) -> tuple[torch.Tensor, torch.Tensor]:
+        """(student outputs [n_crops * B, K], teacher outputs [2 * B, K]) for images [B, C, H, W] with `model`
+        (default the trained one) as the student's encoder; `world`: (processes, rank) sharing the batch
+        equally (the crops are drawn for the whole batch)."""
+        model = model or self.model
         globals_, locals_ = self.crops(x, generator, total=len(x) * world[0], offset=len(x) * world[1])
         g = torch.cat(globals_)
         with self.autocast():
-            feats = [self._features(net, model, g)]
+            feats = [self._features(model, g)]
             if locals_:
-                feats.append(self._features(net, model, torch.cat(locals_)))
+                feats.append(self._features(model, torch.cat(locals_)))
             student = self.student_head(torch.cat(feats))
         with torch.no_grad(), self.autocast():
-            teacher = self.teacher_head(self._features(self.teacher, self.teacher, g))
+            teacher = self.teacher_head(self._features(self.teacher, g))
         return student.float(), teacher.float()
 
-    def __call__(self, batch) -> dict[str, Any]:
+    def forward(self, batch) -> dict[str, Any]:
         from ...data.datasets import sample_seed
 
         x = batch[0]
@@ -261,34 +271,25 @@ class DinoTask(Task):
         world = (dist.get_world_size(), dist.get_rank()) if self._ddp else (1, 0)
         student, teacher = self.outputs(x, gen, world=world)
         loss = self.loss_fn(student, teacher, self.n_crops, self.teacher_temp)
-        return {"loss": self.with_every_parameter(loss), "batch_size": len(x)}
+        return {"loss": loss, "batch_size": len(x)}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
         from ...probe import knn_scores
 
-        was = model.training, self.student_head.training
-        model.eval()
-        self.student_head.eval()
-        self.teacher_head.eval()  # running statistics: an evaluation leaves the teacher's buffers as they were
         gen = torch.Generator().manual_seed(0)  # the same crops every epoch
         total, n = 0.0, 0
         feats, tfeats, labels = [], [], []
-        try:
-            for batch in loader:
-                x = batch[0].to(self.device)
-                student, teacher = self.outputs(x, gen, model, model)
-                total += self.loss_fn(student, teacher, self.n_crops, self.teacher_temp, update_center=False).item() * len(x)
-                n += len(x)
-                if self.opts.eval_knn and len(batch) > 1:
-                    with self.autocast():
-                        feats.append(self._features(model, model, x).float().cpu())
-                        tfeats.append(self._features(self.teacher, self.teacher, x).float().cpu())
-                    labels.append(torch.as_tensor(batch[1]).long().cpu())
-        finally:
-            model.train(was[0])
-            self.student_head.train(was[1])
-            self.teacher_head.train()
+        for batch in loader:
+            x = batch[0].to(self.device)
+            student, teacher = self.outputs(x, gen, model)
+            total += self.loss_fn(student, teacher, self.n_crops, self.teacher_temp, update_center=False).item() * len(x)
+            n += len(x)
+            if self.opts.eval_knn and len(batch) > 1:
+                with self.autocast():
+                    feats.append(self._features(model, x).float().cpu())
+                    tfeats.append(self._features(self.teacher, x).float().cpu())
+                labels.append(torch.as_tensor(batch[1]).long().cpu())
         loss = total / max(n, 1)
         out: dict[str, Any] = {"loss": loss, "score": -loss}
         if labels and len(torch.cat(labels)) > 1 and self.num_classes > 1:
@@ -299,52 +300,23 @@ class DinoTask(Task):
             out["score"] = out["knn_top1"]
         return out
 
-    # -- what the loop trains and keeps
-    def modules(self) -> list[nn.Module]:
-        return [self.student_head]
+    # -- what the loop keeps
+    def held_state(self) -> dict[str, nn.Module]:
+        return {"teacher": self.teacher, "teacher_head": self.teacher_head}
+
+    def get_extra_state(self) -> dict[str, torch.Tensor]:
+        return {"step": torch.tensor(self.step)}  # the crops' seed
+
+    def set_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.step, self._micro = int(state["step"]), 0
 
     def checkpoints(self, provenance: dict[str, Any]) -> dict[str, tuple[nn.Module, dict[str, Any]]]:
         """teacher.safetensors: the EMA teacher's encoder (DINO evaluates and releases the teacher), a normal
         checkpoint for `--finetune` or `vitkit eval --protocol knn`; its `accuracy` is the teacher's k-NN."""
-        self._saved_at = self.step
         acc = {k.replace("teacher_", ""): v for k, v in (provenance.get("accuracy") or {}).items() if "teacher_" in k}
         return {"teacher.safetensors": (self.teacher, dict(provenance) | {
             "accuracy": acc, "dino_role": "teacher", "step": self.step, "teacher_momentum": round(self.momentum, 6),
             "dino_note": "the EMA teacher's encoder of a DINO run (the student is last.safetensors); no DINO head"})}
-
-    def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
-        """No figure; at the end of the run, teacher.safetensors is written (with last.safetensors'
-        provenance) unless the loop wrote it at this step (RunDir.save_task_checkpoints)."""
-        from pathlib import Path
-
-        from ...api import read_checkpoint
-        from ..rundir import RunDir
-
-        if self._saved_at != self.step:
-            last = Path(folder) / "last.safetensors"
-            prov = read_checkpoint(last).provenance if last.exists() else {}
-            RunDir(Path(folder)).save_task_checkpoints(self, getattr(model, "class_names", None), prov)
-        return {}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        sd = {f"student_head.{k}": v for k, v in self.student_head.state_dict().items()}
-        sd |= {f"teacher.{k}": v for k, v in self.teacher.state_dict().items()}
-        sd |= {f"teacher_head.{k}": v for k, v in self.teacher_head.state_dict().items()}
-        sd["center"] = self.loss_fn.center
-        sd["step"] = torch.tensor(self.step)  # the crops' seed
-        return sd
-
-    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        def part(prefix: str) -> dict[str, torch.Tensor]:
-            return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
-
-        if "center" not in sd:
-            raise ConfigError("the saved state holds no DINO teacher and centre (was it saved by another task?)")
-        self.student_head.load_state_dict(part("student_head."))
-        self.teacher.load_state_dict(part("teacher."))
-        self.teacher_head.load_state_dict(part("teacher_head."))
-        self.loss_fn.center.copy_(sd["center"])
-        self.step, self._micro = int(sd["step"]), 0
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
         text = f"dino loss {metrics['loss']:.4f}"

@@ -10,7 +10,8 @@ The teacher sees the same (mixed) batch, re-normalised to its own preprocessing 
 
 The teacher is any checkpoint vitkit loads, or `recipe:NAME`: a preset trained first, into its own run folder
 (`task.teacher_out`, default runs/NAME), then used from its best.safetensors. A finished run there is reused,
-an unfinished one resumed, so `vitkit train --recipe fashion-mnist-deit` trains the ResNet-18 once.
+an unfinished one resumed, so `vitkit train --recipe fashion-mnist-deit` trains the ResNet-18 once. That step
+runs before the student's Trainer exists (training/pipeline.py); the task itself only loads checkpoints.
 
 Teacher logits cache (`task.cache_teacher`, on by default): when the recipe's augmentation gives each image a
 few fixed variants (no random crop, RandAugment, erasing or mixing; a flip at most), the teacher's logits of
@@ -23,10 +24,7 @@ its own images' logits and only rank 0's would be saved.
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,40 +68,13 @@ class DistillationOptions(JsonConfig):
 TEACHER_RECIPE = "recipe:"
 
 
-def resolve_teacher(opts: DistillationOptions) -> str:
-    """The teacher's checkpoint path: `opts.teacher` itself, or for recipe:NAME the best.safetensors of that
-    preset's run in `opts.teacher_out` (default runs/NAME), trained (or resumed) there first unless finished."""
+def teacher_run(opts: DistillationOptions) -> tuple[str, str, tuple] | None:
+    """For a teacher given as recipe:NAME: (NAME, its run folder, its overrides), which training/pipeline.py
+    trains (or finds finished) before the student's Trainer exists; None for a checkpoint."""
     if not opts.teacher.startswith(TEACHER_RECIPE):
-        return opts.teacher
-    from ..recipes import get_recipe
-    from ..rundir import RunDir
-
+        return None
     name = opts.teacher[len(TEACHER_RECIPE):]
-    recipe = get_recipe(name).override(list(opts.teacher_set))
-    folder = Path(opts.teacher_out or f"runs/{name}")
-    best = folder / "best.safetensors"
-    if (folder / "config.json").exists():
-        made_by = json.loads((folder / "config.json").read_text()).get("recipe", {})
-        if (made_by.get("name"), made_by.get("model")) != (recipe.name, recipe.model):
-            raise ConfigError(f"{folder} holds a run of recipe {made_by.get('name')!r} ({made_by.get('model')}), "
-                              f"not the teacher recipe {name!r}; choose another --set task.teacher_out=FOLDER")
-    if RunDir(folder).finished() and best.exists():
-        return str(best)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise ConfigError(f"the teacher {opts.teacher} is not trained yet: train it first (vitkit train --recipe "
-                          f"{name} --out {folder}), then distil under torchrun")
-    resume = (folder / "state.safetensors").exists()
-    command = " ".join(["vitkit train --recipe", name, "--out", str(folder), *(f"--set {a}" for a in opts.teacher_set)])
-    print(f"distillation: {'resuming' if resume else 'training'} the teacher first: {command}", file=sys.stderr,
-          flush=True)
-    from ..trainer import Trainer
-
-    rng = torch.get_rng_state()  # the student's run draws as it would with a ready teacher
-    try:
-        Trainer(recipe, folder, resume=resume, command=command, quiet=True).run()
-    finally:
-        torch.set_rng_state(rng)
-    return str(best)
+    return name, opts.teacher_out or f"runs/{name}", tuple(opts.teacher_set)
 
 
 def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str = "hard", tau: float = 1.0,
@@ -160,8 +131,13 @@ class DistillationTask(ClassificationTask):
     """`--set task=distillation --set task.teacher=CKPT|recipe:NAME [--set task.kind=soft --set task.tau=3 ...]`
     on a student with a distillation token (a deit_*_distilled_* model, or --set model.distilled=true)."""
 
-    def __init__(self, recipe, **kw):
-        super().__init__(recipe, **kw)
+    @classmethod
+    def runs_first(cls, recipe) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+        run = teacher_run(DistillationOptions.from_dict(recipe.task_args))
+        return {"teacher": run} if run else {}
+
+    def __init__(self, recipe, model, **kw):
+        super().__init__(recipe, model, **kw)
         from ...api import load_model
 
         self.opts = DistillationOptions.from_dict(recipe.task_args)
@@ -171,9 +147,12 @@ class DistillationTask(ClassificationTask):
         if not getattr(self.model.cfg, "distilled", False):
             raise ConfigError("the student needs a distillation token: a deit_*_distilled_* model or "
                               "--set model.distilled=true")
+        if teacher_run(self.opts):
+            raise ConfigError(f"the teacher {self.opts.teacher} is a recipe: train through vitkit.training.pipeline"
+                              ".train (as `vitkit train` does), which trains or finds it first")
         self.model.set_distilled_training(True)  # train mode returns (class logits, distillation logits)
-        self.teacher_path = resolve_teacher(self.opts)
-        self.teacher = load_model(self.teacher_path).to(self.device).eval().requires_grad_(False)
+        self.teacher_path = self.opts.teacher
+        self.hold("teacher", load_model(self.teacher_path).to(self.device).eval().requires_grad_(False))
         if self.teacher.num_classes != self.num_classes:
             raise ConfigError(f"the teacher {self.teacher_path} has {self.teacher.num_classes} classes, the data "
                               f"{self.num_classes}")
@@ -205,25 +184,23 @@ class DistillationTask(ClassificationTask):
             new = {}
         return torch.stack([new[i] if i in new else self.cache[k] for i, k in enumerate(keys)]).to(self.device)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def get_extra_state(self) -> dict[str, torch.Tensor]:
+        """The teacher logits cache (kept for --resume)."""
         if not self.cache:
             return {}
-        return {"teacher_cache.keys": torch.tensor(list(self.cache), dtype=torch.int64),
-                "teacher_cache.logits": torch.stack(list(self.cache.values()))}
+        return {"teacher_cache_keys": torch.tensor(list(self.cache), dtype=torch.int64),
+                "teacher_cache_logits": torch.stack(list(self.cache.values()))}
 
-    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        unknown = set(sd) - {"teacher_cache.keys", "teacher_cache.logits"}
-        if unknown:
-            raise ConfigError(f"the saved state has {sorted(unknown)[:3]}: not a distillation run's")
-        if self.cache is not None and sd:
-            self.cache = dict(zip(sd["teacher_cache.keys"].tolist(), sd["teacher_cache.logits"].unbind(0)))
+    def set_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.cache is not None and state:
+            self.cache = dict(zip(state["teacher_cache_keys"].tolist(), state["teacher_cache_logits"].unbind(0)))
 
-    def __call__(self, batch) -> dict[str, Any]:
+    def forward(self, batch) -> dict[str, Any]:
         x, y = batch
         if self.mixing:
             x, y = self.mixer(x, y)  # the teacher sees the same mixed images
         with self.autocast():
-            cls_logits, dist_logits = self.net(x)
+            cls_logits, dist_logits = self.model(x)
         teacher_logits = self.teacher_logits(x)
         base = self.loss(cls_logits, y)
         kd = distillation_loss(dist_logits, teacher_logits, self.opts.kind, self.opts.tau, self.opts.kl)

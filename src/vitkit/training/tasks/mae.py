@@ -37,8 +37,10 @@ class MaeOptions(JsonConfig):
 class MaeTask(Task):
     """`--set task=mae [--set task.mask_ratio=0.75 --set task.decoder_dim=128 ...]` on a ViT."""
 
-    def __init__(self, recipe, **kw):
-        super().__init__(recipe, **kw)
+    every_parameter_used = False  # the encoder's classifier (and its pooling norm) get no gradient
+
+    def __init__(self, recipe, model, **kw):
+        super().__init__(recipe, model, **kw)
         require(self.model, "token_seam", "MAE pretraining")
         self.opts = o = MaeOptions.from_dict(recipe.task_args)
         m = self.model
@@ -46,18 +48,15 @@ class MaeTask(Task):
                                   m.num_prefix_tokens, o.decoder_dim, o.decoder_depth, o.decoder_heads,
                                   o.decoder_mlp_ratio, m.cfg.norm_eps).to(self.device)
 
-    def __call__(self, batch) -> dict[str, Any]:
+    def forward(self, batch) -> dict[str, Any]:
         x = batch[0]
         with self.autocast():
-            out = mae_forward(self.net, self.decoder, x, self.opts.mask_ratio, norm_pix=self.opts.norm_pix_loss)
-        return {"loss": self.with_every_parameter(out["loss"]), "batch_size": len(x)}
+            out = mae_forward(self.model, self.decoder, x, self.opts.mask_ratio, norm_pix=self.opts.norm_pix_loss)
+        return {"loss": out["loss"], "batch_size": len(x)}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
         """Reconstruction loss on the eval split with the same masks every epoch (noise seeded by batch)."""
-        was = model.training, self.decoder.training
-        model.eval()
-        self.decoder.eval()
         total, n = 0.0, 0
         gen = torch.Generator().manual_seed(0)
         for batch in loader:
@@ -68,35 +67,20 @@ class MaeTask(Task):
                 out = mae_forward(model, self.decoder, x, self.opts.mask_ratio, noise, self.opts.norm_pix_loss)
             total += out["loss"].item() * len(x)
             n += len(x)
-        model.train(was[0])
-        self.decoder.train(was[1])
         loss = total / max(n, 1)
         return {"loss": loss, "score": -loss}
 
-    def modules(self) -> list[nn.Module]:
-        return [self.decoder]
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {f"decoder.{k}": v for k, v in self.decoder.state_dict().items()}
-
-    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        self.decoder.load_state_dict({k[len("decoder."):]: v for k, v in sd.items() if k.startswith("decoder.")})
-
     @torch.no_grad()
     def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
-        """Original / masked / reconstructed for the first images of `dataset`, with fixed masks."""
+        """Original / masked / reconstructed for the first images of `dataset`, with fixed masks (the loop calls
+        it in eval mode)."""
         from ..report import plot_reconstructions
 
-        was = model.training, self.decoder.training
-        model.eval()
-        self.decoder.eval()
         x = torch.stack([dataset[i][0] for i in range(min(6, len(dataset)))]).to(self.device)
         gh, gw = model.patch_embed.grid_for(*x.shape[-2:])
         noise = torch.rand(len(x), gh * gw, generator=torch.Generator().manual_seed(0)).to(self.device)
         out = mae_forward(model, self.decoder, x, self.opts.mask_ratio, noise, self.opts.norm_pix_loss)
         masked, filled = reconstruct(out["pred"], x, out["mask"], self.decoder.patch_size, self.opts.norm_pix_loss)
-        model.train(was[0])
-        self.decoder.train(was[1])
         pre = model.preprocess
         path = plot_reconstructions([x, masked, filled], pre.mean, pre.std, folder / "reconstructions.png",
                                     f"MAE, {100 * self.opts.mask_ratio:.0f}% of the patches hidden")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -80,11 +79,10 @@ def iou_metrics(confusion: torch.Tensor) -> dict[str, Any]:
 class SegmentTask(Task):
     """`--set task=segment [--set task.dim=64]` on canvas data, with any backbone family."""
 
-    def __init__(self, recipe, **kw):
-        super().__init__(recipe, **kw)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise ConfigError("task=segment runs in one process (its head reads the backbone's feature maps "
-                              "outside DDP's forward); run without torchrun")
+    every_parameter_used = False  # the backbone's classifier gets no gradient
+
+    def __init__(self, recipe, model, **kw):
+        super().__init__(recipe, model, **kw)
         _check_geometry(recipe)
         self.opts = o = SegmentOptions.from_dict(recipe.task_args)
         self.head = SegmentationHead.for_backbone(self.model, self.num_classes, o.dim,
@@ -115,7 +113,7 @@ class SegmentTask(Task):
         geometry = EvalResizeCrop(pre, InterpolationMode.NEAREST)
         return geometry(masks[:, None].to(torch.uint8))[:, 0].long()  # [B, h, w]
 
-    def __call__(self, batch) -> dict[str, Any]:
+    def forward(self, batch) -> dict[str, Any]:
         x, masks = batch
         masks = self._train_masks(masks, x.shape[-2:])
         with self.autocast():
@@ -125,9 +123,6 @@ class SegmentTask(Task):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, Any]:
-        was = model.training, self.head.training
-        model.eval()
-        self.head.eval()
         k = self.num_classes
         confusion = torch.zeros(k, k, dtype=torch.long)
         total, n = 0.0, 0
@@ -139,19 +134,8 @@ class SegmentTask(Task):
             total += F.cross_entropy(logits.float(), masks, reduction="sum").item() / masks[0].numel()
             n += len(x)
             confusion += confusion_matrix(logits.argmax(1), masks, k)
-        model.train(was[0])
-        self.head.train(was[1])
         m = iou_metrics(confusion)
         return m | {"loss": total / max(n, 1), "score": m["miou"], "confusion": confusion}
-
-    def modules(self) -> list[nn.Module]:
-        return [self.head]
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {f"head.{k}": v for k, v in self.head.state_dict().items()}
-
-    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        self.head.load_state_dict({k[len("head."):]: v for k, v in sd.items() if k.startswith("head.")})
 
     def describe(self, metrics: dict[str, Any], raw: dict[str, Any] | None = None) -> str:
         extra = f" (without EMA {raw['miou']:.2f}%)" if raw else ""
@@ -160,7 +144,8 @@ class SegmentTask(Task):
 
     @torch.no_grad()
     def figures(self, model: nn.Module, dataset, folder) -> dict[str, Any]:
-        """overlays.png (image / true mask / predicted mask) for the first test images, and the head's weights."""
+        """overlays.png (image / true mask / predicted mask) for the first test images, and the head's weights
+        (the loop calls it in eval mode)."""
         from safetensors.torch import save_file
 
         from ..._files import atomic_path
@@ -172,16 +157,11 @@ class SegmentTask(Task):
         n = min(self.opts.overlays, len(dataset))
         if not n:
             return {}
-        was = model.training, self.head.training
-        model.eval()
-        self.head.eval()
         items = [dataset[i] for i in range(n)]
         x = torch.stack([it[0] for it in items]).to(self.device)
         masks = self._eval_masks(torch.stack([it[1] for it in items]), model.preprocess)
         with self.autocast():
             pred = self.logits(model, x).argmax(1).cpu()
-        model.train(was[0])
-        self.head.train(was[1])
         path = plot_overlays(x.cpu(), masks, pred, model.preprocess, model.class_names, folder / "overlays.png")
         return {"overlays (image, true mask, prediction)": path}
 
