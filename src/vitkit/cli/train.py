@@ -21,7 +21,9 @@ def register(sub) -> None:
     p.add_argument("--out", help="run folder (default runs/<recipe>-<time> for a preset as it is, "
                    "runs/<data>-<model>-<time> when --data, --model or --finetune changes it)")
     p.add_argument("--overwrite", action="store_true", help="replace the finished run in --out (refused without it)")
-    p.add_argument("--epochs", type=positive_int)
+    p.add_argument("--epochs", type=positive_int, help="a fixed number of epochs (also turns a recipe's time budget off)")
+    p.add_argument("--time-budget", metavar="DURATION", help="plan the epochs to end within this wall time "
+                   "(900, 900s, 15m, 1.5h), evaluations included; measured on this machine as the run starts")
     p.add_argument("--batch-size", type=positive_int)
     p.add_argument("--lr", type=float, help="learning rate (a preset's own lr is refused above 1e-3 for a model "
                    "over 20M parameters: choose one with --lr)")
@@ -70,7 +72,7 @@ def resolve_recipe(args):
         saved = json.loads(cfg.read_text())
         recipe = Recipe.from_dict(saved["recipe"])
         if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe or args.task \
-                or args.teacher:
+                or args.teacher or args.time_budget:
             raise ConfigError("--resume continues the saved recipe exactly; start a new run to change it")
         return recipe, saved.get("finetune")
     name = args.recipe or ("finetune" if args.finetune else "digits")
@@ -80,6 +82,12 @@ def resolve_recipe(args):
                         ("lr", "lr"), ("seed", "seed"), ("img_size", "img_size"), ("task", "task")):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
+    if args.epochs is not None:
+        changes["time_budget_s"] = 0.0  # a fixed run
+    if args.time_budget is not None:
+        from ..training.budget import parse_duration
+
+        changes["time_budget_s"] = parse_duration(args.time_budget)
     if "model" in changes and changes["model"] != recipe.model:
         changes.setdefault("model_args", {})  # a preset's architecture tweaks belong to its own model,
         changes.setdefault("threads", None)  # and so does its thread count (digits: 1 for a 0.3M model)

@@ -116,6 +116,11 @@ class Reporter:
     def say(self, text: str, always: bool = False) -> None:
         self.console(always).print(text, soft_wrap=True)
 
+    def planned(self, plan) -> None:
+        self.say(f"time budget {plan.budget_s:.0f} s: {count(plan.epochs, 'epoch')} fit (steps {plan.step_s:.3g} s, "
+                 f"an evaluation ~{plan.eval_s:.2g} s, the final ones ~{plan.final_s:.2g} s)"
+                 + (" (re-planned after the first evaluation)" if plan.replanned else ""))
+
     def start(self, name: str, model: str, params: int, data, n_eval: int, eval_split: str, size, epochs: int,
               steps: int, world: int, device) -> None:
         vs = data.info.get("val_split") or {}
@@ -208,3 +213,9 @@ class StepBar:
 
     def stop(self) -> None:
         self.progress.stop()
+
+    def replan(self, total: int, done: int, epochs: int) -> None:
+        """A time budget's plan: the run is now `epochs` epochs, `total` steps."""
+        self.epochs = epochs
+        self.eta.steps_left = max(total - done, 0)
+        self.progress.update(self.bar, total=total)

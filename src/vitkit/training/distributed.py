@@ -49,6 +49,15 @@ def all_mean(values: list[float], d: Dist, device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def main_value(value: int, d: Dist, device: torch.device) -> int:
+    """The main process's `value` on every rank (every rank must call it): a decision made on rank 0."""
+    if d.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device if device.type == "cuda" else "cpu")
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
 def barrier(d: Dist) -> None:
     if d.world > 1:
         dist.barrier()

@@ -36,6 +36,7 @@ class Recipe(JsonConfig):
     drop_path_rate: float | None = None  # stochastic depth (ViT only)
     # schedule and optimiser
     epochs: int = 30
+    time_budget_s: float = 0.0  # > 0: plan the epochs to end within this many wall seconds (budget.py)
     batch_size: int = 128  # global batch per optimiser step (split across DDP ranks and accumulation)
     accum_steps: int = 1
     steps_per_epoch: int | None = None  # cap (quick tests); None = the full epoch
@@ -89,6 +90,7 @@ class Recipe(JsonConfig):
                 raise ConfigError(f"recipe {self.name!r}: {msg}")
 
         need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        need(self.time_budget_s >= 0, f"time_budget_s must be >= 0 (0: a fixed number of epochs), got {self.time_budget_s}")
         need(self.batch_size >= 1 and self.accum_steps >= 1, "batch_size and accum_steps must be >= 1")
         need(self.batch_size % self.accum_steps == 0, "batch_size must be divisible by accum_steps")
         need(self.lr > 0, f"lr must be positive, got {self.lr}")

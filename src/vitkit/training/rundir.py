@@ -77,7 +77,7 @@ def provenance(recipe, dataset: str, epoch: int, split: str, metrics: dict[str, 
 
 def run_summary(recipe, data, history: list[dict[str, Any]], *, out, model: str, command: str, steps: int,
                 final_split: str, final: dict[str, Any], best: dict[str, Any], wall: float, world: int,
-                strategy: str | None) -> dict[str, Any]:
+                strategy: str | None, budget: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json of a finished run: what ran, its final and best numbers, time and throughput."""
     from .tasks.base import loggable
 
@@ -93,6 +93,7 @@ def run_summary(recipe, data, history: list[dict[str, Any]], *, out, model: str,
         "threads": torch.get_num_threads(),
         **({"expected": recipe.expected} if recipe.expected else {}),  # a preset's own target, only on its own run
         "skipped_images": data.info.get("num_skipped", 0),
+        **({"time_budget": budget | {"within": wall <= budget["budget_s"]}} if budget else {}),
     }
 
 
@@ -202,6 +203,32 @@ class RunDir:
         except _WRITE_ERRORS as e:
             raise TrainingError(f"could not write {path}: {_reason(e)}; the previous state is intact "
                                 "(writes are atomic)") from None
+
+    def save_run(self, strategy, optimizer, ema, task, info: dict[str, Any], gathered=None) -> None:
+        """The resumable state through the run's strategy: every rank calls this (a sharded state is gathered
+        unless `gathered` holds it); the main process writes."""
+        gathered = gathered or strategy.gather(optimizer)
+        if strategy.d.main:
+            model_sd, optimizer = strategy.saved(optimizer, gathered)
+            self.save_state(model_sd=model_sd, optimizer=optimizer, info=info, task_sd=task.resume_state(),
+                            ema_sd=ema.state_dict() if ema is not None else None)
+
+    def load_run(self, strategy, optimizer, ema, task):
+        """state.safetensors into the model (through the strategy), optimiser, EMA, task and RNG -> the
+        Progress it saved (the run folder's logs cut back to it)."""
+        from .state import Progress
+
+        st = self.load_state()
+        strategy.load(optimizer, st["model"], st["optimizer"])
+        if ema is not None and st["ema"] is not None:
+            ema.load_state_dict(st["ema"])
+        task.load_resume_state(st["task"])
+        if st["rng"] is not None:
+            torch.set_rng_state(st["rng"])
+        at = Progress.from_info(st["info"])
+        if strategy.d.main:
+            self.reconcile(at.history, at.step)
+        return at
 
     def load_state(self) -> dict[str, Any]:
         path = self.path / "state.safetensors"

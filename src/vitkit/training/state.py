@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import CheckpointError
+from .budget import Plan
 
 STATE_VERSION = 1
 
@@ -95,6 +96,7 @@ class Progress:
     best: dict[str, Any] = field(default_factory=lambda: {"epoch": 0})
     partial: dict[str, float] = field(default_factory=_fresh_partial)
     wall_time_s: float = 0.0
+    plan: Plan | None = None  # a time-budget run's plan (budget.py)
 
     def add_step(self, loss: float, images: int, seconds: float) -> None:
         p = self.partial
@@ -114,9 +116,10 @@ class Progress:
     def info(self, wall_time_s: float, recipe: str) -> dict[str, Any]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
                 "history": self.history, "best": self.best, "partial": self.partial, "wall_time_s": wall_time_s,
-                "recipe": recipe}
+                "recipe": recipe, "plan": asdict(self.plan) if self.plan else None}
 
     @classmethod
     def from_info(cls, info: dict[str, Any]) -> Progress:
+        plan = Plan(**info["plan"]) if info.get("plan") else None
         return cls(**{k: info[k] for k in ("epoch", "batch_in_epoch", "step", "history", "best", "partial",
-                                            "wall_time_s")})
+                                            "wall_time_s")}, plan=plan)

@@ -1,12 +1,8 @@
 """The training loop: one trainable module (the task: model + heads) over one process, DDP or FSDP, resumable
-at any step, deterministic given the seed.
-
-The loop only orders the work. What is learnt is the task's (tasks/: `out = net(batch)`, then
-`out["loss"].backward()`); how the task runs over processes is the strategy's (strategy.py); what is said on
-the console is the Reporter's (console.py); the data order and its determinism contract are in order.py;
-optimiser groups, the LR schedule and EMA in optim.py; the run folder (config, logs, state, checkpoints,
-summary, report) in rundir.py; runs needed first (a teacher) in pipeline.py.
-"""
+at any step, deterministic given the seed. It only orders the work: what is learnt is the task's (tasks/),
+how it runs over processes the strategy's (strategy.py), what is said the Reporter's (console.py), how long
+it runs RunLength's (budget.py); data order in order.py; optimiser groups, LR schedule, EMA in optim.py; the
+run folder in rundir.py; runs needed first (a teacher) in pipeline.py."""
 from __future__ import annotations
 
 import math
@@ -23,9 +19,10 @@ from ..errors import ConfigError
 from ..hardware import choose_precision, this_machine
 from ..runtime import torch_threads
 from . import models as model_io
+from .budget import RunLength
 from .build import build_run, model_name
 from .console import Reporter
-from .distributed import Interrupt, Interrupted, all_mean, barrier, setup_distributed
+from .distributed import Interrupt, Interrupted, all_mean, barrier, main_value, setup_distributed
 from .optim import lr_factor, make_ema, param_groups
 from .order import epoch_batches, step_seed
 from .recipes import Recipe, derive
@@ -73,34 +70,27 @@ class Trainer:
         groups = param_groups(model, r) + [g for m in self.task.heads() for g in param_groups(m, r)]
         self.optimizer = torch.optim.AdamW(groups, lr=r.lr, betas=tuple(r.betas))
         self.steps_per_epoch = len(epoch_batches(len(self.train_set), r, 0, self.d))
-        self.total_steps = self.steps_per_epoch * r.epochs
-        self.task.on_train_start(self.total_steps, self.steps_per_epoch)
         self.warmup_steps = round(r.warmup_epochs * self.steps_per_epoch)
-        self.at, self.step_log = Progress(), []
+        self.at = (self.run_dir.load_run(self.strategy, self.optimizer, self.ema, self.task) if self.resume
+                   else Progress())
+        self.step_log: list[dict[str, Any]] = []
+        n_final = len(self.test_set or self.eval_set) * (2 if self.eval_split == "val" and self.test_set else 1)
+        self.length = RunLength(r, self.steps_per_epoch, self.task, world=self.d.world, n_eval=len(self.eval_set),
+                                n_final=n_final, plan=self.at.plan)
+        self.at.plan = self.length.plan
         if self.resume:
-            self._load_resume()
+            self.say.resumed(self.out, self.at, self.length.epochs, self.length.total_steps)
 
-    def _load_resume(self) -> None:
-        st = self.run_dir.load_state()
-        self.strategy.load(self.optimizer, st["model"], st["optimizer"])
-        if self.ema is not None and st["ema"] is not None:
-            self.ema.load_state_dict(st["ema"])
-        self.task.load_resume_state(st["task"])
-        if st["rng"] is not None:
-            torch.set_rng_state(st["rng"])
-        self.at = at = Progress.from_info(st["info"])
-        if self.d.main:
-            self.run_dir.reconcile(at.history, at.step)
-        self.say.resumed(self.out, at, self.recipe.epochs, self.total_steps)
+    def _replan(self, planned: int | None, bar) -> None:
+        """Every rank calls it where a time budget's plan may come: the main process's plan, for all."""
+        if planned is not None:
+            self.length.set(main_value(planned, self.d, self.device))
+            bar.replan(self.length.total_steps, self.at.step, self.length.epochs)
+            self.say.planned(self.length.plan)
 
     def _save_state(self, gathered: tuple[dict, dict] | None = None) -> None:
-        """Every rank calls this (a sharded state is gathered unless `gathered` holds it); rank 0 writes."""
-        gathered = gathered or self.strategy.gather(self.optimizer)
-        if self.d.main:
-            info = self.at.info(self.at.wall_time_s + time.perf_counter() - self.t0, self.recipe.name)
-            model_sd, optimizer = self.strategy.saved(self.optimizer, gathered)
-            self.run_dir.save_state(model_sd=model_sd, optimizer=optimizer, info=info, task_sd=self.task.resume_state(),
-                                    ema_sd=self.ema.state_dict() if self.ema is not None else None)
+        self.run_dir.save_run(self.strategy, self.optimizer, self.ema, self.task,
+                              self.at.info(self._elapsed(), self.recipe.name), gathered)
 
     # -- the loop
     def run(self) -> dict[str, Any]:
@@ -130,15 +120,16 @@ class Trainer:
         if not self.resume:
             say.start(r.name + (f" (based on {r.based_on})" if r.based_on else ""),
                       model_name(r, self.model, self.finetune), sum(p.numel() for p in self.model.parameters()),
-                      self.data, len(self.eval_set), self.eval_split, self.model.preprocess.input_size[1:], r.epochs,
+                      self.data, len(self.eval_set), self.eval_split, self.model.preprocess.input_size[1:], self.length.epochs,
                       self.steps_per_epoch, self.d.world, self.device)
         say.precision(r.bf16, torch.get_num_threads(), self.precision_note)
         heavy = say.heavy(self.model, self.device, max(1, r.batch_size // r.accum_steps // self.d.world), r.bf16)
-        with Interrupt() as interrupt, say.progress(self.total_steps, at.step, at.epoch, r.epochs, heavy) as bar:
-            while at.epoch < r.epochs:
+        length = self.length
+        with Interrupt() as interrupt, say.progress(length.total_steps, at.step, at.epoch, length.epochs, heavy) as bar:
+            while at.epoch < self.length.epochs:
                 self._train_epoch(bar, interrupt)
-                self._end_epoch()
-                if self.stop_after_epochs and self.stop_after_epochs <= at.epoch < r.epochs:
+                self._end_epoch(bar)
+                if self.stop_after_epochs and self.stop_after_epochs <= at.epoch < self.length.epochs:
                     say.stopped(self.out, at.epoch)
                     return {"status": "stopped", "epoch": at.epoch, "out": str(self.out)}
         return self._finish()
@@ -154,7 +145,7 @@ class Trainer:
         self.net.train()
         t_last = time.perf_counter()
         while at.batch_in_epoch < len(batches):
-            factor = lr_factor(at.step, self.total_steps, self.warmup_steps, r.min_lr / r.lr)
+            factor = lr_factor(at.step, self.length.total_steps, self.warmup_steps, r.min_lr / r.lr)
             for g in self.optimizer.param_groups:
                 g["lr"] = g["base_lr"] * factor
             # mixing, dropout, drop-path (CPU generator; CUDA kernels draw from their own, seeded at start)
@@ -184,6 +175,7 @@ class Trainer:
             self.task.after_step(at.step)
             self.step_log.append({"step": at.step, "loss": mean_loss, "lr": lr})
             bar.step(mean_loss, lr, n_img * d.world / max(now - t_last, 1e-9), at.epoch, now - t_last)
+            self._replan(self.length.after_step(now - t_last, at.step, self._elapsed()), bar)
             t_last = now
             if stop:
                 self._flush_steps()
@@ -197,6 +189,9 @@ class Trainer:
             self.run_dir.append_steps(self.step_log)
         self.step_log = []
 
+    def _elapsed(self) -> float:  # wall seconds of the run so far, the processes before this one's included
+        return self.at.wall_time_s + time.perf_counter() - self.t0
+
     def _eval_model(self) -> nn.Module:
         return self.strategy.eval_model(self.ema.module if self.ema is not None else self.model)
 
@@ -206,15 +201,19 @@ class Trainer:
         loader = DataLoader(ds, batch_size=self.recipe.eval_batch_size, shuffle=False, num_workers=self.recipe.workers)
         return self.task.evaluate(model, loader)
 
-    def _end_epoch(self) -> None:
+    def _end_epoch(self, bar) -> None:
         r, at, group = self.recipe, self.at, self.optimizer.param_groups[0]
         rec = at.close_epoch(lr=group["lr"] / group["base_lr"] * r.lr)
         gathered = self.strategy.gather(self.optimizer)  # every rank takes part where the state is sharded
+        res, raw, t_eval = {}, None, time.perf_counter()
         if self.d.main:
             res = self._evaluate(self._eval_model(), self.eval_set)
             rec |= {"eval_split": self.eval_split} | loggable(res, "eval_")
             raw = self._evaluate(self.model, self.eval_set) if self.ema is not None and r.eval_raw else None
             rec |= loggable(raw or {}, "raw_")
+        self._replan(self.length.after_epoch(rec["epoch"], time.perf_counter() - t_eval, at.step, self._elapsed(),
+                                             rec["train_time_s"] / self.steps_per_epoch), bar)
+        if self.d.main:
             prov = provenance(r, self.data.name, rec["epoch"], self.eval_split, res, self.command)
             self.run_dir.save_checkpoint(self._eval_model(), "last.safetensors", self.data.class_names, prov)
             self.run_dir.save_task_checkpoints(self.task, self.data.class_names, prov)  # e.g. DINO's teacher
@@ -224,7 +223,7 @@ class Trainer:
             self._flush_steps()
             self._save_state(gathered)
             self.run_dir.write_metrics(at.history)
-            self.say.epoch(rec, r.epochs, self.eval_split, self.task.describe(res, raw))
+            self.say.epoch(rec, self.length.epochs, self.eval_split, self.task.describe(res, raw))
         barrier(self.d)
 
     def _finish(self) -> dict[str, Any]:
@@ -236,7 +235,8 @@ class Trainer:
             summary = run_summary(self.recipe, self.data, self.at.history, out=self.out, command=self.command,
                                   model=model_name(self.recipe, self.model, self.finetune), steps=self.at.step,
                                   final_split=final_split, final=res, best=self.at.best, world=self.d.world,
-                                  wall=self.at.wall_time_s + time.perf_counter() - self.t0, strategy=self.strategy.name)
+                                  wall=self._elapsed(), strategy=self.strategy.name,
+                                  budget=self.at.plan.to_dict() if self.at.plan else None)
             if self.eval_split == "val" and self.test_set is not None:  # the best-on-val model, on test
                 best_model = model_io.load_any(self.out / "best.safetensors").to(self.device)
                 summary["best"] |= loggable(self._evaluate(best_model, self.test_set), "test_")

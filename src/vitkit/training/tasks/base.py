@@ -58,6 +58,7 @@ class Task(nn.Module):
         super().__init__()
         self.recipe, self.model = recipe, model
         self.num_classes, self.device = num_classes, device
+        self.epochs = recipe.epochs  # the run's length; a time budget's plan changes it (the loop sets it)
 
     @classmethod
     def runs_first(cls, recipe) -> dict[str, tuple[str, str, tuple[str, ...]]]:

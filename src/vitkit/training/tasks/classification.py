@@ -22,7 +22,7 @@ class ClassificationTask(Task):
         self.mixing = self.mixer is not None
 
     def on_epoch_start(self, epoch: int) -> None:
-        self.mixing = self.mixer is not None and epoch < self.recipe.epochs - self.recipe.mix_off_epochs
+        self.mixing = self.mixer is not None and epoch < self.epochs - self.recipe.mix_off_epochs
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """logits [B, K]; target [B] class indices or [B, K] soft targets."""

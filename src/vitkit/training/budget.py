@@ -1,0 +1,140 @@
+"""Training by time budget (`vitkit train --time-budget 15m`, recipe field `time_budget_s`): how many epochs fit.
+
+A fixed-epoch recipe tuned on one machine overruns on a slower one (the fashion-mnist-conv preset measured 1.6x
+over its 15 minutes on a second Zen 4 with the same flags). So a budget run measures where it runs: after a
+few warm-up steps it times optimiser steps, estimates an evaluation from them (a forward pass costs about a
+third of a training step per image), and plans the number of whole epochs for which
+
+    elapsed + steps left x step time + evaluations left x evaluation time + final evaluations <= budget x (1 - margin)
+
+The LR schedule (warm-up and cosine decay), DINO's momentum schedule and MixUp's last epochs are then laid
+over the planned steps. After the first epoch's evaluation, with its time measured, the plan is made once
+more if the step or evaluation time drifted by more than `DRIFT` from the estimate. The plan is saved in
+the run's state, so --resume keeps it, and summary.json records budget, plan and what ran.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+WARMUP_STEPS = 2  # not timed: allocation, thread start-up, lazy initialisation
+TIMED_STEPS = 5  # timed before the first plan
+DRIFT = 0.10  # re-plan after the first evaluation when the times moved more than this
+MARGIN = 0.03  # the plan aims this fraction below the budget (report writing, timing noise)
+FORWARD_SHARE = 1 / 3  # an image's forward pass against its training step (forward + backward)
+MAX_EPOCHS = 100_000
+
+
+def parse_duration(text: str) -> float:
+    """'900', '900s', '15m', '1.5h' -> seconds (one clear line for anything else)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"a time budget is a positive number of seconds, minutes or hours (900, 900s, 15m, "
+                          f"1.5h), got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+@dataclass
+class Plan:
+    """What a budget run planned, and from which measurements."""
+
+    budget_s: float
+    epochs: int = 0  # 0: not planned yet
+    step_s: float = 0.0  # seconds per optimiser step, measured
+    eval_s: float = 0.0  # seconds per evaluation of the eval split (estimated, then measured)
+    final_s: float = 0.0  # the final evaluations (test split, and the best checkpoint on test)
+    replanned: bool = False
+    times: list[float] = field(default_factory=list)  # the timed steps so far (kept for --resume)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "times"}
+
+
+class TimeBudget:
+    """Plans epochs to fit `budget_s`; `steps_per_epoch`, images per micro-batch step, images per evaluation
+    (`n_eval`) and in the final evaluations (`n_final`) size the estimate."""
+
+    def __init__(self, budget_s: float, steps_per_epoch: int, images_per_step: int, n_eval: int, n_final: int,
+                 plan: Plan | None = None):
+        """`plan`: the one a resumed run saved (kept as it is)."""
+        self.steps_per_epoch, self.images_per_step = steps_per_epoch, images_per_step
+        self.n_eval, self.n_final = n_eval, n_final
+        self.plan = plan or Plan(budget_s)
+
+    def on_step(self, seconds: float, step: int, elapsed: float) -> int | None:
+        """After optimiser step `step` (1-based) that took `seconds`, `elapsed` seconds into the run: the planned
+        epochs when this step makes the first plan, else None."""
+        p = self.plan
+        if p.epochs or step <= WARMUP_STEPS:
+            return None
+        p.times.append(seconds)
+        if len(p.times) < TIMED_STEPS:
+            return None
+        p.step_s = statistics.median(p.times)
+        per_image_eval = p.step_s / self.images_per_step * FORWARD_SHARE
+        p.eval_s, p.final_s = per_image_eval * self.n_eval, per_image_eval * self.n_final
+        return self._fit(step, elapsed)
+
+    def on_epoch_end(self, epoch: int, eval_seconds: float, step: int, elapsed: float, recent_step_s: float) -> int | None:
+        """After epoch `epoch` (1-based) and its evaluation: at the first epoch end after the plan, the planned
+        epochs, made again if the step or evaluation time drifted by more than DRIFT (once); else None. (Every
+        process gets a number at the same epoch, so the main process's can be broadcast.)"""
+        p = self.plan
+        if not p.epochs or p.replanned:
+            return None
+        p.replanned = True
+        drifted = [abs(new - old) > DRIFT * old for new, old in ((eval_seconds, p.eval_s), (recent_step_s, p.step_s))
+                   if old > 0]
+        if not any(drifted):
+            return p.epochs
+        p.final_s *= eval_seconds / p.eval_s if p.eval_s > 0 else 1.0
+        p.step_s, p.eval_s = recent_step_s, eval_seconds
+        return self._fit(step, elapsed, min_epochs=epoch)
+
+    def _fit(self, step: int, elapsed: float, min_epochs: int = 1) -> int:
+        """The most whole epochs (at least `min_epochs`, and the current one) whose steps, evaluations and final
+        evaluations end by budget x (1 - MARGIN)."""
+        p = self.plan
+        left = p.budget_s * (1 - MARGIN) - elapsed - p.final_s
+        done_epochs = step // self.steps_per_epoch
+        per_epoch = self.steps_per_epoch * p.step_s + p.eval_s
+        partial = (self.steps_per_epoch - step % self.steps_per_epoch) % self.steps_per_epoch
+        # the current epoch's remaining steps and its evaluation come first
+        if step % self.steps_per_epoch:
+            left -= partial * p.step_s + p.eval_s
+            done_epochs += 1
+        more = math.floor(left / per_epoch) if per_epoch > 0 and left > 0 else 0
+        p.epochs = int(min(MAX_EPOCHS, max(min_epochs, done_epochs + more, 1)))
+        return p.epochs
+
+
+class RunLength:
+    """How long a run is: the recipe's epochs, or a time budget's plan (all epochs may be, until planned).
+    Setting it lays the task's schedules over it (`Task.on_train_start`, `Task.epochs`)."""
+
+    def __init__(self, recipe, steps_per_epoch: int, task, *, world: int, n_eval: int, n_final: int,
+                 plan: Plan | None):
+        self.steps_per_epoch, self.task = steps_per_epoch, task
+        self.budget = (TimeBudget(recipe.time_budget_s, steps_per_epoch, max(1, recipe.batch_size // world), n_eval,
+                                  n_final, plan) if recipe.time_budget_s else None)
+        self.set((self.budget.plan.epochs or MAX_EPOCHS) if self.budget else recipe.epochs)
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.budget.plan if self.budget else None
+
+    def set(self, epochs: int) -> None:
+        self.epochs, self.total_steps = epochs, self.steps_per_epoch * epochs
+        self.task.on_train_start(self.total_steps, self.steps_per_epoch)
+        self.task.epochs = epochs
+
+    def after_step(self, seconds: float, step: int, elapsed: float) -> int | None:
+        return self.budget.on_step(seconds, step, elapsed) if self.budget else None
+
+    def after_epoch(self, epoch: int, eval_seconds: float, step: int, elapsed: float, step_s: float) -> int | None:
+        return self.budget.on_epoch_end(epoch, eval_seconds, step, elapsed, step_s) if self.budget else None
