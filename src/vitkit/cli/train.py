@@ -189,6 +189,7 @@ def list_recipes(args) -> int:
 
 
 def run(args) -> int:
+    from ..training.console import Reporter
     from ..training.pipeline import train
 
     if args.list_recipes is not None:
@@ -196,7 +197,7 @@ def run(args) -> int:
     recipe, finetune = resolve_recipe(args)
     out = args.out or default_out(recipe, finetune)
     summary = train(recipe, out, resume=args.resume, finetune=finetune, strict=args.strict,
-                    quiet=args.quiet or args.json, stop_after_epochs=args.stop_after_epochs,
+                    reporter=Reporter(quiet=args.quiet or args.json), stop_after_epochs=args.stop_after_epochs,
                     command=canonical_command(recipe, out, finetune), overwrite=args.overwrite,
                     lr_from_preset=not args.resume and not lr_given(args), precision=args.precision,
                     strategy=args.strategy)
