@@ -213,6 +213,7 @@ def test_onednn_linear_equals_f_linear_with_gradients():
 
     torch.manual_seed(0)
     lin, x = Linear(192, 576), torch.randn(2, 197, 192, requires_grad=True)
+    lin.onednn = True  # the switch vitkit.hardware sets per machine (layers default to timm's path)
     weights = torch.randn(576)  # a loss that weighs outputs differently
     expect = F.linear(x, lin.weight, lin.bias)
     (expect * weights).sum().backward()

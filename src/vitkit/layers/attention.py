@@ -31,8 +31,9 @@ def sdpa_is_slower(q: torch.Tensor) -> bool:
 
 
 class Attention(nn.Module):
-    # the matmul form where `sdpa_is_slower` says so; `vitkit.hardware` turns it off on CPUs without native bf16
-    matmul_attention: bool = True
+    # the matmul form where `sdpa_is_slower` says so, once `vitkit.hardware` turns it on for this machine (off:
+    # timm's path)
+    matmul_attention: bool = False
 
     def __init__(
         self,

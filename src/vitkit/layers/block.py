@@ -75,8 +75,9 @@ class Block(nn.Module):
         if post_norm and init_values:  # post-norm blocks start their norms' gains small instead (timm's init)
             nn.init.constant_(self.norm1.weight, init_values)
             nn.init.constant_(self.norm2.weight, init_values)
-        # inference through torch's fused encoder-layer kernel where it computes the same thing
-        self.native_fastpath = True
+        # inference through torch's fused encoder-layer kernel where it computes the same thing; off (timm's
+        # path) until vitkit.hardware.apply_fast_paths sets it for this machine
+        self.native_fastpath = False
 
     def forward(self, x: torch.Tensor, return_attn: bool = False, rope: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None):

@@ -43,7 +43,7 @@ class Linear(nn.Linear):
     keep F.linear: inductor and the exporters have their own kernels, and the counters do not know it.
     `onednn` is the switch `vitkit.hardware` sets per machine kind (off where MKL is not slower)."""
 
-    onednn: bool = True
+    onednn: bool = False  # timm's path until vitkit.hardware.apply_fast_paths decides
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.onednn and _ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu"

@@ -1,17 +1,15 @@
 """What a run is built from before its loop starts: the data (a validation split carved from train where it
-has none), the model for it (from the recipe, or the checkpoint to fine-tune) with this machine's fast paths,
-and the three datasets with their transforms."""
+has none), the model for it (from the recipe, or the checkpoint to fine-tune),
+and the three datasets with their transforms. (The trainer sets the fast paths on the whole task afterwards.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..data.datasets import DataBundle, Transformed, default_val_fraction, load_data
 from ..data.transforms import eval_transform, train_transform
-from ..hardware import apply_fast_paths
 from . import models as model_io
 from .recipes import Recipe, check_preset_lr
 
@@ -31,7 +29,7 @@ def model_name(recipe: Recipe, model: nn.Module, finetune: str | None) -> str:
     return recipe.model if not finetune else f"{model.provenance.get('arch') or 'model'} from {finetune}"
 
 
-def build_run(recipe: Recipe, *, finetune: str | None, strict: bool, decisions: Any, device: torch.device,
+def build_run(recipe: Recipe, *, finetune: str | None, strict: bool, device: torch.device,
               check_lr: bool) -> RunParts:
     """`check_lr`: the lr came from a preset, not chosen for this model: refuse it when too high for a large
     model (recipes.check_preset_lr)."""
@@ -47,7 +45,6 @@ def build_run(recipe: Recipe, *, finetune: str | None, strict: bool, decisions: 
     if check_lr:
         check_preset_lr(r, sum(p.numel() for p in model.parameters()), model_name(r, model, finetune))
     model.class_names = data.class_names
-    apply_fast_paths(model, decisions)  # the switches a layer has, set for this machine
     data.set_channels(model_io.in_chans(model))
     model.to(device)
     pre = model.preprocess

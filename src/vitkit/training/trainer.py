@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
-from ..hardware import choose_precision, this_machine
+from ..hardware import apply_fast_paths, choose_precision, this_machine
 from ..runtime import torch_threads
 from . import models as model_io
 from .budget import RunLength
@@ -59,11 +59,12 @@ class Trainer:
         chosen, self.precision_note = choose_precision(self.precision, self.recipe.bf16, self.decisions)
         torch.manual_seed(self.recipe.seed)
         parts = build_run(self.recipe.replace(bf16=chosen == "bf16"), finetune=self.finetune, strict=self.strict,
-                          decisions=self.decisions, device=self.device, check_lr=self.lr_from_preset and not self.resume)
+                          device=self.device, check_lr=self.lr_from_preset and not self.resume)
         vars(self).update(vars(parts))  # recipe, data, model, train_set, eval_set, eval_split, test_set
         r, model = self.recipe, self.model
         self.ema = make_ema(model, r.ema_decay) if r.ema else None
         self.task = make_task(r, model, num_classes=self.data.num_classes, device=self.device).to(self.device)
+        apply_fast_paths(self.task, self.decisions)  # the switches every trainable layer has, set for this machine
         if r.compile:
             model.compile()  # in place: the state dict keeps its keys
         self.net = self.strategy.wrap(self.task)  # the optimiser is built on what the strategy made of it
