@@ -4,10 +4,15 @@ Every test process runs torch on one thread: the test machines are small and sha
 keeps timings and reductions steady. Set here once, for the whole session, not per module."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+# the flag rules decide the fast paths in tests (and in the processes they start): a test that wants this
+# machine measured says so (tests/test_measured_decisions.py)
+os.environ["VITKIT_MEASURE"] = "0"
 
 _PARITY: list[tuple[str, float, float]] = []
 

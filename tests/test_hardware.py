@@ -263,14 +263,16 @@ def test_gpu_benchmark_without_cuda(tmp_path, capsys):
     assert all(r["vs_timm"] > 0 for r in report["rows"] if r["library"] == "vitkit")
 
 
-def test_measurements_fill_in_only_unmeasured_kinds():
-    win, lose = {"ratios": {"onednn_linear": 1.3, "matmul_attention": 1.05}, "date": "d"}, \
+def test_measurements_decide_on_every_cpu_kind_but_not_on_cuda():
+    """Measured on the machine beats the rule of its kind (issue 22: two Zen 4 with the same flags differed 2x);
+    timm's path within 3%; CUDA decisions are not measured on the CPU."""
+    win, lose = {"ratios": {"onednn_linear": 1.3, "matmul_attention": 1.02}, "date": "d"}, \
         {"ratios": {"onednn_linear": 0.8}, "date": "d"}
     d = decide(SKYLAKE_SP, measured=win)
-    assert d.onednn_linear and "measured on this machine" in d.why["onednn_linear"]
-    assert not d.matmul_attention and "not over 1.1x" in d.why["matmul_attention"]  # within noise: timm's path
+    assert d.onednn_linear and "measured here" in d.why["onednn_linear"]
+    assert not d.matmul_attention and "under 1.03x" in d.why["matmul_attention"]  # within noise: timm's path
     assert not decide(SKYLAKE_SP, measured=lose).onednn_linear
-    assert not decide(ZEN3, measured=win).onednn_linear  # a measured kind keeps its rule
+    assert decide(ZEN3, measured=win).onednn_linear  # the rule (off on Zen 3) is only the prior
     assert not decide(SKYLAKE_SP, "cuda", measured=win).onednn_linear
 
 

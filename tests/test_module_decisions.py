@@ -8,8 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 SWITCHES = ("native_fastpath", "matmul_attention", "onednn")
 
 SCRIPT = r"""

@@ -1,0 +1,85 @@
+"""Fast-path decisions measured on this machine (issue 22 item 1): measured once per machine fingerprint, said in
+one line, cached; read back by later processes; a corrupt or unwritable cache measures again in memory with a
+note; measuring off (VITKIT_MEASURE=0) leaves the flag rules; a path is on only where it measured >= 1.03x."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from vitkit import hardware
+from vitkit.hardware import MEASURABLE, MEASURED_WIN, Capabilities, decide, detect, machine_key
+
+PRINT_DECISIONS = ("import json; from vitkit.hardware import this_machine; "
+                   "print(json.dumps({k: v['on'] for k, v in this_machine().to_dict()['paths'].items()}))")
+
+
+def _run(cache_dir, measure: str = "1", **env) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("VITKIT_FAST_PATHS",)}
+    full |= {"VITKIT_CACHE": str(cache_dir), "VITKIT_MEASURE": measure, **env}
+    return subprocess.run([sys.executable, "-c", PRINT_DECISIONS], env=full, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_measured_once_said_once_cached_and_read_back(tmp_path):
+    first = _run(tmp_path)
+    assert first.returncode == 0, first.stderr
+    lines = first.stderr.strip().splitlines()
+    assert len(lines) == 1 and "timing this machine's fast paths once" in lines[0] and str(tmp_path) in lines[0]
+    cache = json.loads((tmp_path / "fast-paths.json").read_text())
+    (key, entry), = cache.items()
+    assert set(entry["ratios"]) >= {"bf16", "matmul_attention", "native_encoder"}
+    assert all(r > 0 for r in entry["ratios"].values()) and entry["seconds"] < 60
+    # the decisions follow the ratios with the 3% bar
+    decided = json.loads(first.stdout)
+    for name, r in entry["ratios"].items():
+        assert decided[name] == (r >= MEASURED_WIN), (name, r)
+    second = _run(tmp_path)
+    assert second.returncode == 0 and second.stderr.strip() == "" and json.loads(second.stdout) == decided
+    # another fingerprint (other threads) is another entry: measured again
+    third = _run(tmp_path, OMP_NUM_THREADS="1")
+    assert "timing this machine" in third.stderr
+    assert len(json.loads((tmp_path / "fast-paths.json").read_text())) == 2
+
+
+def test_corrupt_or_unwritable_cache_measures_in_memory_with_a_note(tmp_path):
+    (tmp_path / "fast-paths.json").write_text("{not json")
+    res = _run(tmp_path)
+    assert res.returncode == 0 and "timing this machine" in res.stderr  # a corrupt cache is replaced
+    assert json.loads((tmp_path / "fast-paths.json").read_text())
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # the cache folder would be under a plain file: cannot be created
+    res = _run(blocked / "cache")
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 2 and "could not cache the measurement" in lines[1] and json.loads(res.stdout)
+
+
+def test_measuring_off_leaves_the_flag_rules(tmp_path):
+    res = _run(tmp_path, measure="0")
+    assert res.returncode == 0 and res.stderr.strip() == "" and not (tmp_path / "fast-paths.json").exists()
+    rules = decide(detect())
+    assert json.loads(res.stdout) == {name: on for name, on, _ in rules.rows()}
+
+
+def test_a_measurement_decides_over_the_rule_at_the_three_percent_bar():
+    zen4 = Capabilities(cpu="AMD EPYC", vendor="AuthenticAMD", avx2=True, avx512f=True, avx512_bf16=True)
+    prior = decide(zen4)
+    assert prior.onednn_linear and prior.bf16  # the rule for this kind
+    slower = decide(zen4, measured={"date": "d", "ratios": {name: 1.02 for name in MEASURABLE}})
+    assert not any(getattr(slower, name) for name in MEASURABLE)
+    assert "under 1.03x" in slower.why["onednn_linear"] and "flag rule says on" in slower.why["onednn_linear"]
+    faster = decide(Capabilities(avx2=True), measured={"date": "d", "ratios": {name: 1.03 for name in MEASURABLE}})
+    assert all(getattr(faster, name) for name in MEASURABLE)
+    forced = decide(zen4, overrides={"bf16": False}, measured={"date": "d", "ratios": {"bf16": 2.0}})
+    assert not forced.bf16  # VITKIT_FAST_PATHS still wins
+
+
+def test_the_fingerprint_names_cpu_flags_cores_threads_and_runtime_versions():
+    key = machine_key(detect())
+    caps = detect()
+    assert caps.cpu in key and f"{caps.cores} cores" in key and "threads" in key and f"torch {caps.torch}" in key
+    assert "oneDNN" in key and "onnxruntime" in key and "openvino" in key
+    assert ",".join(caps.isa_flags()) in key
+    assert hardware.cached_measurement(caps) is None or isinstance(hardware.cached_measurement(caps), dict)
