@@ -18,6 +18,11 @@ def register(sub) -> None:
                    help="per-device training memory (weights, grads, AdamW, activations at --batch per device) "
                    "with DDP and with FSDP on --devices devices")
     p.add_argument("--devices", type=positive_int, default=8, help="devices for --train-memory (default 8)")
+    p.add_argument("--vlm", action="store_true", help="what an image costs a language model in tokens: patch "
+                   "tokens, a 2x2 merge / pixel shuffle, InternVL tiling and LLaVA-NeXT anyres (analysis/vlm.py)")
+    p.add_argument("--image-size", type=img_size, metavar="HxW", help="with --vlm: the image the tiling schemes "
+                   "cut (default: one tile at the model's input size)")
+    p.add_argument("--max-tiles", type=positive_int, default=12, help="with --vlm: InternVL's tile limit (default 12)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -28,6 +33,9 @@ def _pct(part: int, total: int) -> str:
 
 def run(args) -> int:
     from ..analysis.cost import format_bytes, format_count, model_cost
+
+    if args.vlm:
+        return _run_vlm(args)
 
     report = model_cost(args.model, img_size=args.img_size, batch=args.batch, dtype=args.dtype,
                         fused_attention=not args.eager_attn)
@@ -120,3 +128,22 @@ def _render_family(r) -> None:
         (f"weights ({r.dtype})", format_bytes(r.weight_bytes)),
         ("weights + grads + AdamW state (fp32)", format_bytes(r.train_state_bytes)),
     ], justify=("left", "right"))
+
+
+def _run_vlm(args) -> int:
+    from ..analysis.vlm import vlm_report
+
+    image = args.image_size if isinstance(args.image_size, tuple) or args.image_size is None else \
+        (args.image_size, args.image_size)
+    report = vlm_report(args.model, img_size=args.img_size, image_hw=image, max_tiles=args.max_tiles)
+
+    def render(r):
+        h, w = r["image_size"]
+        rows = [(s["scheme"], s["example"], str(s["tiles"]), f"{s['tokens_per_tile']:,}", f"{s['tokens']:,}",
+                 str(s["token_width"])) for s in r["schemes"]]
+        print_table(f"{r['model']}: an image of {h}x{w} px as LLM tokens (patch {r['patch_size']}, grid "
+                    f"{r['grid'][0]}x{r['grid'][1]} per {r['img_size'][0]}x{r['img_size'][1]} tile)",
+                    ["scheme", "counted as in", "tiles", "tokens / tile", "LLM tokens", "token width"], rows)
+
+    emit(args, report, render)
+    return 0
