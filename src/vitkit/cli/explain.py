@@ -13,9 +13,14 @@ def register(sub) -> None:
                        "gradient-weighted rollout) written as PNG")
     p.add_argument("checkpoint", help="model file (vitkit safetensors or any importable checkpoint)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files; one heat map and head grid each")
-    p.add_argument("--method", choices=("rollout", "cls-attention", "grad-rollout"), default="rollout",
+    p.add_argument("--method", choices=("rollout", "cls-attention", "grad-rollout", "pca", "match"),
+                   default="rollout",
                    help="rollout: attention rollout over all layers (default); cls-attention: the last "
-                   "layer's [class]-token attention; grad-rollout: rollout weighted by the gradient of a class")
+                   "layer's [class]-token attention; grad-rollout: rollout weighted by the gradient of a class; "
+                   "pca: the patch features' first three principal components as RGB, background removed "
+                   "(DINOv2's recipe; any family; a larger --img-size gives a finer map); match: lines between "
+                   "the mutually best-matching patches of two images")
+    p.add_argument("--matches", type=int, default=20, metavar="N", help="--method match: at most N lines")
     p.add_argument("--class", dest="target", type=int, metavar="K",
                    help="class index for grad-rollout (default: the predicted class)")
     p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean",
@@ -40,6 +45,8 @@ def run(args) -> int:
     from ..errors import ConfigError, ImageError
     from ..inference import input_note
 
+    if args.method in ("pca", "match"):
+        return _run_dense(args)
     if not 0.0 <= args.discard_ratio < 1.0:
         raise ConfigError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     if args.target is not None and args.method != "grad-rollout":
@@ -81,3 +88,36 @@ def run(args) -> int:
     for e in errors:  # one line per broken file, whatever the output format
         print(f"vitkit explain: error: {e['error']}", file=sys.stderr)
     return 2 if errors else 0
+
+
+def _run_dense(args) -> int:
+    """--method pca (one map per image) and --method match (two images, one figure)."""
+    from ..analysis.dense import explain_match, explain_pca
+    from ..analysis.figures import model_label
+    from ..analysis.report import explain_paths
+    from ..api import load_model
+    from ..errors import ConfigError, ImageError
+
+    if args.method == "match" and len(args.images) != 2:
+        raise ConfigError(f"--method match takes two images, got {len(args.images)}")
+    if args.matches < 1:
+        raise ConfigError(f"--matches must be >= 1, got {args.matches}")
+    outs = explain_paths(args.images[:1] if args.method == "match" else args.images, args.method, args.out)
+    model = load_model(args.checkpoint).eval()
+    if args.method == "match":
+        info = explain_match(model, *args.images, outs[0], size=args.img_size, top=args.matches)
+        emit(args, info, lambda d: print(f"{len(d['matches'])} mutual patch matches drawn: {d['out']}"))
+        return 0
+    done, errors = [], []
+    label = model_label(model, args.checkpoint)
+    for image, out in zip(args.images, outs):
+        try:
+            done.append(explain_pca(model, image, out, size=args.img_size, label=label))
+        except ImageError as e:  # one unreadable file does not lose the others
+            errors.append({"image": str(image), "error": str(e)})
+    info = {"checkpoint": str(args.checkpoint), "method": "pca", "images": done, "errors": errors}
+    emit(args, info, lambda d: [print(f"{e['image']}: PCA map of a {e['grid'][0]}x{e['grid'][1]} grid, "
+                                      f"{e['foreground_patches']} foreground patches: {e['out']}") for e in d["images"]])
+    for e in errors:
+        print(f"vitkit explain: {e['image']}: {e['error']}", file=sys.stderr)
+    return 1 if errors else 0
