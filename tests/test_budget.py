@@ -4,6 +4,7 @@ No assertion here depends on how fast this machine is: the measured times are re
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -33,18 +34,31 @@ def _timed(budget: TimeBudget, step_s: float, elapsed_at_plan: float) -> int | N
     return planned
 
 
-def test_the_plan_fits_steps_and_evaluations_in_the_budget():
+def _cost(steps_after: int, pos: int, spe: int, step_s: float, eval_s: float) -> float:
+    """Seconds for `steps_after` more steps from `pos` steps into an epoch, with an evaluation at each epoch end
+    (the last, partial one's included)."""
+    return steps_after * step_s + math.ceil((pos + steps_after) / spe) * eval_s
+
+
+def test_the_plan_takes_the_most_steps_that_fit_with_their_evaluations():
     # 10 steps an epoch of 0.5 s, 64 images a step: an evaluation of 320 images ~ 320 x 0.5 / 64 / 3 s
     b = TimeBudget(100.0, steps_per_epoch=10, images_per_step=64, n_eval=320, n_final=640)
-    epochs = _timed(b, 0.5, elapsed_at_plan=6.0)
+    steps = _timed(b, 0.5, elapsed_at_plan=6.0)
     p = b.plan
     assert p.step_s == 0.5 and p.eval_s == pytest.approx(320 * 0.5 / 64 / 3) and p.final_s == pytest.approx(2 * p.eval_s)
-    # the warm-up steps (9 s each) are not in the estimate; what is left after 7 of epoch 1's 10 steps:
-    left = 100 * (1 - MARGIN) - 6.0 - p.final_s - (3 * 0.5 + p.eval_s)
-    per_epoch = 10 * 0.5 + p.eval_s
-    assert epochs == 1 + int(left // per_epoch)
-    total = 6.0 + 3 * 0.5 + epochs * p.eval_s + (epochs - 1) * 10 * 0.5 + p.final_s
-    assert total <= 100 * (1 - MARGIN) < total + per_epoch  # fits, and one more epoch would not
+    left = 100 * (1 - MARGIN) - 6.0 - p.final_s  # the warm-up steps (9 s each) are not in the estimate
+    done = WARMUP_STEPS + TIMED_STEPS
+    fits = [n for n in range(0, 1000) if _cost(n, done % 10, 10, p.step_s, p.eval_s) <= left]
+    assert steps == done + max(fits) and p.epochs == math.ceil(steps / 10)
+
+
+def test_a_budget_smaller_than_an_epoch_cuts_the_epoch():
+    b = TimeBudget(20.0, steps_per_epoch=100, images_per_step=32, n_eval=100, n_final=100)
+    steps = _timed(b, 0.5, elapsed_at_plan=4.0)
+    assert WARMUP_STEPS + TIMED_STEPS <= steps < 100 and b.plan.epochs == 1
+    assert _cost(steps - 7, 7, 100, 0.5, b.plan.eval_s) <= 20 * (1 - MARGIN) - 4.0 - b.plan.final_s
+    late = TimeBudget(5.0, 100, 32, 100, 100)
+    assert _timed(late, 0.5, elapsed_at_plan=10.0) == WARMUP_STEPS + TIMED_STEPS  # over already: stop now
 
 
 def test_a_drift_after_the_first_evaluation_replans_once():
@@ -53,16 +67,11 @@ def test_a_drift_after_the_first_evaluation_replans_once():
     # within 10%: the same plan, said once
     same = TimeBudget(100.0, 10, 64, 320, 320)
     _timed(same, 0.5, 6.0)
-    assert same.on_epoch_end(1, same.plan.eval_s * 1.05, 10, 9.0, 0.52) == same.plan.epochs
+    assert same.on_epoch_end(1, same.plan.eval_s * 1.05, 10, 9.0, 0.52) == same.plan.steps
     assert same.on_epoch_end(2, 50.0, 20, 20.0, 5.0) is None  # never again
-    # the evaluation took 4x the estimate and steps 2x: fewer epochs, at least the one done
+    # the evaluation took 4x the estimate and steps 2x: fewer steps, at least those done
     again = b.on_epoch_end(1, b.plan.eval_s * 4, 10, 12.0, 1.0)
-    assert b.plan.replanned and again < first and again >= 1 and b.plan.step_s == 1.0
-
-
-def test_a_budget_that_cannot_hold_one_more_epoch_still_finishes_the_current_one():
-    b = TimeBudget(5.0, steps_per_epoch=100, images_per_step=32, n_eval=100, n_final=100)
-    assert _timed(b, 0.5, elapsed_at_plan=4.0) == 1
+    assert b.plan.replanned and 10 <= again < first and b.plan.step_s == 1.0
 
 
 ARGS = ["--data", "digits", "--model", "vit_pico_patch2_8", "--quiet", "--set", "steps_per_epoch=8",
@@ -78,18 +87,18 @@ def test_a_budget_run_plans_its_epochs_and_resume_keeps_the_plan(tmp_path, capsy
     run = tmp_path / "run"
     assert cli(["train", "--out", str(run), *ARGS, "--time-budget", "6s", "--stop-after-epochs", "1"]) == 0
     saved = load_state(run / "state.safetensors")["info"]["plan"]
-    assert saved["budget_s"] == 6.0 and saved["epochs"] >= 1 and saved["step_s"] > 0 and saved["replanned"]
+    assert saved["budget_s"] == 6.0 and saved["steps"] >= 7 and saved["step_s"] > 0
     assert json.loads((run / "config.json").read_text())["recipe"]["time_budget_s"] == 6.0
     assert cli(["train", "--out", str(run), "--resume", "--quiet"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     plan = summary["time_budget"]
     assert {k: plan[k] for k in saved if k != "times"} == {k: saved[k] for k in saved if k != "times"}  # kept
-    assert summary["epochs"] == plan["epochs"] and summary["steps"] == 8 * plan["epochs"]
+    assert summary["steps"] == plan["steps"] and summary["epochs"] == plan["epochs"] == math.ceil(plan["steps"] / 8)
     # the cosine schedule was laid over the planned steps: it ends at min_lr (1e-5 of lr 3e-3 here)
     lrs = [s["lr"] for s in _steps(run)]
-    assert len(lrs) == 8 * plan["epochs"]
-    if plan["epochs"] > 1:
-        assert lrs[-1] < lrs[0] and lrs[-1] == pytest.approx(1e-5, rel=0.5, abs=3e-3 / (8 * plan["epochs"]))
+    assert len(lrs) == plan["steps"]
+    if plan["steps"] > 8:
+        assert lrs[-1] < lrs[0] and lrs[-1] == pytest.approx(1e-5, rel=0.5, abs=3e-3 / plan["steps"])
     assert plan["within"] == (summary["wall_time_s"] <= 6.0)
 
 
@@ -105,3 +114,12 @@ def test_epochs_turn_a_budget_recipe_into_a_fixed_run_and_a_bad_budget_is_one_li
     assert cli(["train", "--recipe", "digits", "--out", str(run), *ARGS, "--epochs", "1"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert "time_budget" not in summary and summary["epochs"] == 1
+
+
+def test_a_budget_under_one_epoch_stops_inside_it_and_still_evaluates(tmp_path, capsys):
+    run = tmp_path / "short"
+    assert cli(["train", "--out", str(run), *ARGS, "--set", "steps_per_epoch=1000", "--time-budget", "1s"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    full_epoch = -(-1295 // 32)  # digits' train split in batches of 32
+    assert summary["epochs"] == 1 and summary["steps"] < full_epoch and summary["steps"] == summary["time_budget"]["steps"]
+    assert "top1" in summary["final"]  # the cut epoch was evaluated, then the final test

@@ -3,10 +3,12 @@
 A fixed-epoch recipe tuned on one machine overruns on a slower one (the fashion-mnist-conv preset measured 1.6x
 over its 15 minutes on a second Zen 4 with the same flags). So a budget run measures where it runs: after a
 few warm-up steps it times optimiser steps, estimates an evaluation from them (a forward pass costs about a
-third of a training step per image), and plans the number of whole epochs for which
+third of a training step per image), and plans the most optimiser steps for which
 
     elapsed + steps left x step time + evaluations left x evaluation time + final evaluations <= budget x (1 - margin)
 
+(an evaluation at every epoch's end, the last epoch's included, which may be cut short: a budget smaller than
+one epoch still ends in time).
 The LR schedule (warm-up and cosine decay), DINO's momentum schedule and MixUp's last epochs are then laid
 over the planned steps. After the first epoch's evaluation, with its time measured, the plan is made once
 more if the step or evaluation time drifted by more than `DRIFT` from the estimate. The plan is saved in
@@ -44,7 +46,8 @@ class Plan:
     """What a budget run planned, and from which measurements."""
 
     budget_s: float
-    epochs: int = 0  # 0: not planned yet
+    steps: int = 0  # the planned optimiser steps (0: not planned yet)
+    epochs: int = 0  # epochs they touch (the last may be partial)
     step_s: float = 0.0  # seconds per optimiser step, measured
     eval_s: float = 0.0  # seconds per evaluation of the eval split (estimated, then measured)
     final_s: float = 0.0  # the final evaluations (test split, and the best checkpoint on test)
@@ -68,9 +71,9 @@ class TimeBudget:
 
     def on_step(self, seconds: float, step: int, elapsed: float) -> int | None:
         """After optimiser step `step` (1-based) that took `seconds`, `elapsed` seconds into the run: the planned
-        epochs when this step makes the first plan, else None."""
+        steps when this step makes the first plan, else None."""
         p = self.plan
-        if p.epochs or step <= WARMUP_STEPS:
+        if p.steps or step <= WARMUP_STEPS:
             return None
         p.times.append(seconds)
         if len(p.times) < TIMED_STEPS:
@@ -82,35 +85,35 @@ class TimeBudget:
 
     def on_epoch_end(self, epoch: int, eval_seconds: float, step: int, elapsed: float, recent_step_s: float) -> int | None:
         """After epoch `epoch` (1-based) and its evaluation: at the first epoch end after the plan, the planned
-        epochs, made again if the step or evaluation time drifted by more than DRIFT (once); else None. (Every
+        steps, made again if the step or evaluation time drifted by more than DRIFT (once); else None. (Every
         process gets a number at the same epoch, so the main process's can be broadcast.)"""
         p = self.plan
-        if not p.epochs or p.replanned:
+        if not p.steps or p.replanned:
             return None
         p.replanned = True
         drifted = [abs(new - old) > DRIFT * old for new, old in ((eval_seconds, p.eval_s), (recent_step_s, p.step_s))
                    if old > 0]
         if not any(drifted):
-            return p.epochs
+            return p.steps
         p.final_s *= eval_seconds / p.eval_s if p.eval_s > 0 else 1.0
         p.step_s, p.eval_s = recent_step_s, eval_seconds
-        return self._fit(step, elapsed, min_epochs=epoch)
+        return self._fit(step, elapsed)
 
-    def _fit(self, step: int, elapsed: float, min_epochs: int = 1) -> int:
-        """The most whole epochs (at least `min_epochs`, and the current one) whose steps, evaluations and final
-        evaluations end by budget x (1 - MARGIN)."""
-        p = self.plan
+    def _fit(self, step: int, elapsed: float) -> int:
+        """The most optimiser steps (at least those done) whose training, evaluations at each epoch's end (the
+        last, maybe partial, epoch's included) and final evaluations end by budget x (1 - MARGIN)."""
+        p, spe = self.plan, self.steps_per_epoch
         left = p.budget_s * (1 - MARGIN) - elapsed - p.final_s
-        done_epochs = step // self.steps_per_epoch
-        per_epoch = self.steps_per_epoch * p.step_s + p.eval_s
-        partial = (self.steps_per_epoch - step % self.steps_per_epoch) % self.steps_per_epoch
-        # the current epoch's remaining steps and its evaluation come first
-        if step % self.steps_per_epoch:
-            left -= partial * p.step_s + p.eval_s
-            done_epochs += 1
-        more = math.floor(left / per_epoch) if per_epoch > 0 and left > 0 else 0
-        p.epochs = int(min(MAX_EPOCHS, max(min_epochs, done_epochs + more, 1)))
-        return p.epochs
+        pos = step % spe  # steps into the current epoch
+        more = 0
+        for ends in range(1, MAX_EPOCHS + 1):  # epoch ends (evaluations) still to come
+            fits = math.floor((left - ends * p.eval_s) / p.step_s) if p.step_s > 0 else 0
+            if fits <= (ends - 1) * spe - pos:  # not even one step into that epoch: more ends cannot fit either
+                break
+            more = max(more, min(ends * spe - pos, fits))
+        p.steps = step + max(more, 0)
+        p.epochs = max(1, math.ceil(p.steps / spe))
+        return p.steps
 
 
 class RunLength:
@@ -122,16 +125,24 @@ class RunLength:
         self.steps_per_epoch, self.task = steps_per_epoch, task
         self.budget = (TimeBudget(recipe.time_budget_s, steps_per_epoch, max(1, recipe.batch_size // world), n_eval,
                                   n_final, plan) if recipe.time_budget_s else None)
-        self.set((self.budget.plan.epochs or MAX_EPOCHS) if self.budget else recipe.epochs)
+        self.set((self.budget.plan.steps or MAX_EPOCHS * steps_per_epoch) if self.budget
+                 else recipe.epochs * steps_per_epoch)
 
     @property
     def plan(self) -> Plan | None:
         return self.budget.plan if self.budget else None
 
-    def set(self, epochs: int) -> None:
-        self.epochs, self.total_steps = epochs, self.steps_per_epoch * epochs
+    def set(self, steps: int) -> None:
+        """The run is `steps` optimiser steps (its last epoch cut short where they end inside it)."""
+        self.total_steps, self.epochs = steps, max(1, math.ceil(steps / self.steps_per_epoch))
         self.task.on_train_start(self.total_steps, self.steps_per_epoch)
-        self.task.epochs = epochs
+        self.task.epochs = self.epochs
+
+    def describe(self) -> str:
+        """The run's length for the start line."""
+        if self.budget and not self.plan.steps:
+            return f"a {self.plan.budget_s:.0f} s time budget (planned after a few steps)"
+        return f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
 
     def after_step(self, seconds: float, step: int, elapsed: float) -> int | None:
         return self.budget.on_step(seconds, step, elapsed) if self.budget else None

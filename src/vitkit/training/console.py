@@ -117,17 +117,18 @@ class Reporter:
         self.console(always).print(text, soft_wrap=True)
 
     def planned(self, plan) -> None:
-        self.say(f"time budget {plan.budget_s:.0f} s: {count(plan.epochs, 'epoch')} fit (steps {plan.step_s:.3g} s, "
+        self.say(f"time budget {plan.budget_s:.0f} s: {count(plan.steps, 'step')} in {count(plan.epochs, 'epoch')} "
+                 f"fit (steps {plan.step_s:.3g} s, "
                  f"an evaluation ~{plan.eval_s:.2g} s, the final ones ~{plan.final_s:.2g} s)"
                  + (" (re-planned after the first evaluation)" if plan.replanned else ""))
 
-    def start(self, name: str, model: str, params: int, data, n_eval: int, eval_split: str, size, epochs: int,
+    def start(self, name: str, model: str, params: int, data, n_eval: int, eval_split: str, size, length: str,
               steps: int, world: int, device) -> None:
         vs = data.info.get("val_split") or {}
         held = f", {vs['fraction']:.0%} of train held out" if vs.get("auto") else ""
         self.say(f"[bold]vitkit train[/] recipe {name}: {model} ({params / 1e6:.2f}M params) on {data.name} "
                  f"({len(data.train)} train / {n_eval} {eval_split}{held}) at {size[0]}x{size[1]} px, "
-                 f"{count(epochs, 'epoch')} x {count(steps, 'step')}, {count(world, 'process')}, {device}")
+                 f"{length} x {count(steps, 'step')}, {count(world, 'process')}, {device}")
         if data.info.get("num_skipped"):
             self.say(f"[yellow]skipped {count(data.info['num_skipped'], 'unreadable image')}[/] (listed in config.json)")
 

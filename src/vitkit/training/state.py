@@ -108,7 +108,8 @@ class Progress:
         """The epoch's record (training numbers; the loop adds the evaluation's), and the next epoch begun."""
         p = self.partial
         rec = {"epoch": self.epoch + 1, "step": self.step, "train_loss": p["loss_sum"] / max(p["count"], 1),
-               "lr": lr, "img_per_s": p["seen"] / max(p["time"], 1e-9), "train_time_s": p["time"]}
+               "lr": lr, "img_per_s": p["seen"] / max(p["time"], 1e-9), "train_time_s": p["time"],
+               "step_time_s": p["time"] / max(p["count"], 1)}
         self.history.append(rec)
         self.epoch, self.batch_in_epoch, self.partial = self.epoch + 1, 0, _fresh_partial()
         return rec

@@ -121,7 +121,7 @@ class Trainer:
         if not self.resume:
             say.start(r.name + (f" (based on {r.based_on})" if r.based_on else ""),
                       model_name(r, self.model, self.finetune), sum(p.numel() for p in self.model.parameters()),
-                      self.data, len(self.eval_set), self.eval_split, self.model.preprocess.input_size[1:], self.length.epochs,
+                      self.data, len(self.eval_set), self.eval_split, self.model.preprocess.input_size[1:], self.length.describe(),
                       self.steps_per_epoch, self.d.world, self.device)
         say.precision(r.bf16, torch.get_num_threads(), self.precision_note)
         heavy = say.heavy(self.model, self.device, max(1, r.batch_size // r.accum_steps // self.d.world), r.bf16)
@@ -145,7 +145,7 @@ class Trainer:
                              pin_memory=self.device.type == "cuda"))
         self.net.train()
         t_last = time.perf_counter()
-        while at.batch_in_epoch < len(batches):
+        while at.batch_in_epoch < len(batches) and at.step < self.length.total_steps:  # a budget may cut it
             factor = lr_factor(at.step, self.length.total_steps, self.warmup_steps, r.min_lr / r.lr)
             for g in self.optimizer.param_groups:
                 g["lr"] = g["base_lr"] * factor
@@ -213,7 +213,7 @@ class Trainer:
             raw = self._evaluate(self.model, self.eval_set) if self.ema is not None and r.eval_raw else None
             rec |= loggable(raw or {}, "raw_")
         self._replan(self.length.after_epoch(rec["epoch"], time.perf_counter() - t_eval, at.step, self._elapsed(),
-                                             rec["train_time_s"] / self.steps_per_epoch), bar)
+                                             rec["step_time_s"]), bar)
         if self.d.main:
             prov = provenance(r, self.data.name, rec["epoch"], self.eval_split, res, self.command)
             self.run_dir.save_checkpoint(self._eval_model(), "last.safetensors", self.data.class_names, prov)
