@@ -54,10 +54,16 @@ def _dino(tmp_path):
     return tmp_path / "checkpoint.pth"
 
 
+def _torchvision_mobilenet(tmp_path):
+    import torchvision
+
+    return torchvision.models.mobilenet_v3_small(num_classes=5).state_dict()
+
+
 # a real foreign checkpoint of each layout whose family reads no config off weights (a state dict or a path);
 # a new layout of such a family needs one here, or its family an infer_config
 FOREIGN_SAMPLES = {"swin": _swin, "mae": _mae, "hf-vitmae-pretraining": _hf_mae_folder, "openai-clip": _clip_pair,
-                   "dino": _dino}
+                   "dino": _dino, "torchvision-mobilenet-v3": _torchvision_mobilenet}
 
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=lambda lay: lay.name)

@@ -10,5 +10,6 @@ from . import (  # noqa: F401
     mae,
     swin,
     timm_native,
+    torchvision_mobilenet,
     torchvision_vit,
 )
