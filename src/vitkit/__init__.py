@@ -13,7 +13,7 @@ _LAZY = {
     "create_model": "api", "load_model": "api", "load_weights": "api", "save_model": "api",
     "Preprocess": "models", "ResNet": "models", "ResNetConfig": "models", "ViTConfig": "models",
     "VisionTransformer": "models", "VitkitModel": "models", "decode_variant": "models", "list_models": "models",
-    "model_config": "models",
+    "model_config": "models", "runner": "export",
 }
 
 

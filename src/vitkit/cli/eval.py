@@ -15,6 +15,7 @@ from typing import Any
 
 from ..data.splits import EVAL_SPLITS
 from .common import add_json, emit, load_backend, positive_int, print_table
+from .export import add_precision
 
 
 def register(sub) -> None:
@@ -29,9 +30,11 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the split (default: the training run's)")
     p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
-    p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+    p.add_argument("--backend", choices=["torch", "onnx", "openvino"], default="torch",
                    help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime (the default "
-                   "for .onnx files)")
+                   "for .onnx files); openvino: an IR folder from `vitkit export --openvino`, or a checkpoint "
+                   "converted on first use (cached)")
+    add_precision(p)
     p.add_argument("--protocol", type=_protocols, default=("top1",), metavar="top1|knn|linear",
                    help="top1: the model's own classifier (default); knn: weighted k-NN on frozen features (DINO: "
                    "k=20, T=0.07, the train split as the bank); linear: a linear probe (BatchNorm + linear, MAE) "
@@ -67,7 +70,7 @@ def run(args) -> int:
     from ..data.datasets import same_data
     from ..inference import evaluate_on, training_data
 
-    model = _zeroshot_model(args) if args.zeroshot else load_backend(args.checkpoint, args.backend)
+    model = _zeroshot_model(args) if args.zeroshot else load_backend(args.checkpoint, args.backend, args.precision)
     prov = getattr(model, "provenance", None) or (getattr(model, "meta", None) or {}).get("provenance") or {}
     trained = training_data(str(args.checkpoint), prov)
     data = args.data or trained["data"]
@@ -174,8 +177,9 @@ def _zeroshot_model(args):
     from ..zeroshot import load_templates, parse_labels
     from .zeroshot import load_zeroshot
 
-    if args.backend == "onnx" or str(args.checkpoint).lower().endswith(".onnx"):
-        raise ConfigError("--zeroshot needs the CLIP pair's text tower: give its checkpoint, not an ONNX file")
+    if args.backend != "torch" or str(args.checkpoint).lower().endswith(".onnx"):
+        raise ConfigError("--zeroshot needs the CLIP pair's text tower in PyTorch: give its checkpoint, with "
+                          "--backend torch")
     if not args.data:
         raise ConfigError("--zeroshot needs --data (digits | fashion-mnist | FOLDER | MANIFEST.csv): a CLIP pair "
                           "was not trained on a labelled set to default to")

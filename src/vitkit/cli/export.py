@@ -1,4 +1,5 @@
-"""`vitkit export CKPT --onnx OUT.onnx`: an ONNX Runtime model, checked against PyTorch on export.
+"""`vitkit export CKPT --onnx OUT.onnx` and/or `--openvino DIR`: an ONNX Runtime model or an OpenVINO IR folder
+(vitkit.export.openvino), each checked against PyTorch on export.
 
 Dynamic batch by default; `--dynamic-size` also lets H and W vary (positions resampled bilinearly in the
 graph, see vitkit.export.onnx). `--int8` adds OUT.int8.onnx (dynamic quantisation, measured by
@@ -14,9 +15,12 @@ from .common import add_json, emit, non_negative_float, positive_int, print_tabl
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint to ONNX (parity-checked), optionally int8-quantised")
+    p = sub.add_parser("export", help="export a checkpoint to ONNX and/or OpenVINO (parity-checked), optionally "
+                       "int8-quantised (ONNX)")
     p.add_argument("checkpoint", help="any checkpoint vitkit can load")
-    p.add_argument("--onnx", required=True, metavar="OUT.onnx", help="where to write the ONNX model")
+    p.add_argument("--onnx", metavar="OUT.onnx", help="where to write the ONNX model")
+    p.add_argument("--openvino", metavar="DIR", help="where to write the OpenVINO IR folder (model.xml, model.bin, "
+                   "vitkit.json); `--backend openvino` runs it")
     p.add_argument("--dynamic-size", action="store_true",
                    help="any H, W that are multiples of the patch (bilinear position resampling)")
     p.add_argument("--static-batch", action="store_true", help="fix the batch size to 2 (the export example)")
@@ -36,17 +40,38 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def add_precision(p) -> None:
+    """`--precision` of the OpenVINO backend (predict, eval)."""
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="with --backend openvino: f32 or bf16 inference (bf16 only where the CPU has native bf16; "
+                   "auto: the machine's inference decision, `vitkit doctor`)")
+
+
 def run(args) -> int:
     from ..api import load_model
     from ..errors import ConfigError
     from ..export.int8 import int8_report
     from ..export.onnx import export_onnx
 
+    if not args.onnx and not args.openvino:
+        raise ConfigError("give where to write: --onnx OUT.onnx and/or --openvino DIR")
+    if not args.onnx and (args.int8 or args.dynamic_size or args.static_batch):
+        raise ConfigError("--int8, --dynamic-size and --static-batch apply to --onnx")
     if not args.int8 and (args.int8_max_drop is not None or args.int8_min_speedup is not None):
         raise ConfigError("--int8-max-drop and --int8-min-speedup only apply with --int8")
+    if args.openvino:
+        from ..export.openvino import import_openvino
+
+        import_openvino()  # a missing extra is said before the model loads
     model = load_model(args.checkpoint).eval()
-    out = export_onnx(model, args.onnx, dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,
-                      opset=args.opset, tol=args.tol)
+    out = {}
+    if args.onnx:
+        out = export_onnx(model, args.onnx, dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,
+                          opset=args.opset, tol=args.tol)
+    if args.openvino:
+        from ..export.openvino import export_openvino
+
+        out["openvino"] = export_openvino(model, args.openvino, tol=args.tol)
     out["checkpoint"] = str(args.checkpoint)
     if args.int8:
         limits = {k: v for k, v in (("max_drop", args.int8_max_drop), ("min_speedup", args.int8_min_speedup))
@@ -54,9 +79,15 @@ def run(args) -> int:
         out["int8"] = int8_report(model, args.onnx, eval_data=args.eval_data, eval_limit=args.eval_limit, **limits)
 
     def render(d):
-        rows = [("written", d["path"]), ("max |logit diff| vs PyTorch", f"{d['max_abs_diff']:.2e}"),
-                ("checked shapes (B, H, W)", ", ".join("x".join(map(str, s)) for s in d["checked_shapes"])),
-                ("dynamic batch / size", f"{d['dynamic_batch']} / {d['dynamic_size']}")]
+        rows = []
+        if "path" in d:
+            rows += [("written", d["path"]), ("max |logit diff| vs PyTorch", f"{d['max_abs_diff']:.2e}"),
+                     ("checked shapes (B, H, W)", ", ".join("x".join(map(str, s)) for s in d["checked_shapes"])),
+                     ("dynamic batch / size", f"{d['dynamic_batch']} / {d['dynamic_size']}")]
+        if "openvino" in d:
+            v = d["openvino"]
+            rows += [("OpenVINO IR written", v["path"]), ("OpenVINO max |logit diff| vs PyTorch",
+                                                          f"{v['max_abs_diff']:.2e} (OpenVINO {v['openvino']}, f32)")]
         if "int8" in d:
             q = d["int8"]
             rows += [("int8 model", q["path"]), ("int8 speed-up vs fp32 ONNX (batch 8)", f"{q['speedup_vs_fp32_onnx']:.2f}x")]

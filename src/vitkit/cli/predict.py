@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from .common import add_json, emit, load_backend, positive_int, print_table
+from .export import add_precision
 
 
 def register(sub) -> None:
@@ -11,8 +12,10 @@ def register(sub) -> None:
     p.add_argument("checkpoint", help="any checkpoint vitkit can load")
     p.add_argument("images", nargs="+", help="image files (any format Pillow reads)")
     p.add_argument("--top-k", type=positive_int, default=3)
-    p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
-                   help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime")
+    p.add_argument("--backend", choices=["torch", "onnx", "openvino"], default="torch",
+                   help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime; openvino: an IR "
+                   "folder from `vitkit export --openvino`, or a checkpoint converted on first use (cached)")
+    add_precision(p)
     add_json(p)
     p.set_defaults(func=run)
 
@@ -20,7 +23,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..inference import input_note, predict_files
 
-    model = load_backend(args.checkpoint, args.backend)
+    model = load_backend(args.checkpoint, args.backend, args.precision)
     preds, errors = predict_files(model, args.images, args.top_k)
     note = input_note(model, preds)
     if note:  # once per command, on stderr: --json stdout stays pure JSON

@@ -1,0 +1,215 @@
+"""`vitkit.runner`: one callable on preprocessed [B, C, H, W] float batches, whatever runs it.
+
+    run = vitkit.runner("bundled:vit_fashion_mnist", backend="openvino")
+    logits = run(batch)              # [B, K]; run.backend, run.precision say what was chosen
+
+Backends: torch (eager), compile (torch.compile), onnx (ONNX Runtime: an .onnx file, or the model exported
+on first use), openvino (an IR folder, or the model converted on first use and cached by content hash; see
+export/openvino.py). `features=True` gives the pooled features [B, D] instead of the logits.
+
+"auto" picks the fastest of torch and OpenVINO (when installed) for the batch size at hand by a short paired
+measurement (vitkit.timing), cached per machine (hardware.machine_key plus the OpenVINO version) and model
+in $VITKIT_CACHE/runtimes.json; with VITKIT_MEASURE=0 it is torch. A corrupt or unwritable cache means
+measuring again, never a crash. Precision "auto" is the machine's inference decision (vitkit.hardware: bf16
+only where the CPU has native bf16).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+
+BACKENDS = ("auto", "torch", "compile", "onnx", "openvino")
+PRECISIONS = ("auto", "fp32", "bf16")
+AUTO_CANDIDATES = ("torch", "openvino")  # what "auto" measures (compile's first call alone takes longer)
+
+
+class Runner:
+    """A model behind one call: `run(images)` -> logits (or features) [B, ...], as a torch tensor for a tensor
+    input. Carries what predict/eval read of a model: preprocess, class_names, num_classes, cfg, provenance."""
+
+    training = False
+
+    def __init__(self, call: Callable, backend: str, precision: str, source: Any, features: bool):
+        self._call, self.backend, self.precision, self.features = call, backend, precision, features
+        for name in ("preprocess", "class_names", "num_classes", "cfg", "provenance", "family", "num_features"):
+            setattr(self, name, getattr(source, name, None))
+        self.provenance = dict(self.provenance or {})
+
+    def __call__(self, images):
+        as_tensor = isinstance(images, torch.Tensor)
+        with torch.no_grad():
+            out = self._call(images if as_tensor else torch.as_tensor(images, dtype=torch.float32))
+        out = out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
+        return out.float() if as_tensor else out.float().numpy()
+
+    def __repr__(self) -> str:
+        return f"Runner(backend={self.backend!r}, precision={self.precision!r}, features={self.features})"
+
+    def eval(self) -> Runner:
+        return self
+
+    def train(self, mode: bool = True) -> Runner:
+        if mode:
+            raise ConfigError("a runner is for inference: train the model itself")
+        return self
+
+    def to(self, *args, **kwargs) -> Runner:
+        return self
+
+
+def runner(model_or_path, backend: str = "auto", precision: str = "auto", *, features: bool = False,
+           batch_size: int = 8, threads: int | None = None) -> Runner:
+    """A Runner for a model, a checkpoint (anything `load_model` reads), an .onnx file or an OpenVINO IR folder.
+
+    `backend`: auto | torch | compile | onnx | openvino; `precision`: auto | fp32 | bf16 (bf16 where the
+    backend has it: torch, compile, openvino). `batch_size`: the batch "auto" measures at."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    exported = _exported_backend(model_or_path)
+    if exported and backend not in ("auto", exported):
+        raise ConfigError(f"{model_or_path} is an exported {exported} model: it runs with backend {exported}, "
+                          f"not {backend}")
+    if exported:
+        return _build(model_or_path, exported, _precision(precision, exported), features, threads)
+    model = _load(model_or_path)
+    if backend == "auto":
+        backend = _auto_backend(model, precision, features, batch_size, threads)
+    return _build(model, backend, _precision(precision, backend), features, threads)
+
+
+def _exported_backend(source) -> str | None:
+    """"onnx" for an .onnx file, "openvino" for an IR folder, None for a model or checkpoint."""
+    if isinstance(source, (str, os.PathLike)):
+        from .openvino import is_ir_folder
+
+        if str(source).lower().endswith(".onnx"):
+            return "onnx"
+        if is_ir_folder(source):
+            return "openvino"
+    return None
+
+
+def _load(source):
+    if isinstance(source, torch.nn.Module):
+        return source
+    from ..api import load_model
+
+    return load_model(source)
+
+
+def _precision(asked: str, backend: str) -> str:
+    """The precision to run: "auto" is the machine's inference decision; ONNX Runtime runs fp32 only."""
+    if asked == "auto":
+        from ..hardware import this_machine
+
+        asked = "bf16" if this_machine().bf16 and backend != "onnx" else "fp32"
+    if asked == "bf16" and backend == "onnx":
+        raise ConfigError("the ONNX backend runs fp32 only: use precision fp32, or backend torch or openvino for bf16")
+    return asked
+
+
+def _build(source, backend: str, precision: str, features: bool, threads: int | None) -> Runner:
+    if backend == "openvino":
+        from .openvino import OpenVinoRunner, check_precision, converted
+
+        check_precision(precision)  # before converting: bf16 on a CPU without it is refused at once
+        folder = source if _exported_backend(source) else converted(source, "features" if features else "logits")
+        ov = OpenVinoRunner(folder, precision=precision, threads=threads)
+        if (ov.output == "features") != features:
+            raise ConfigError(f"{folder} gives {ov.output}, not {'features' if features else 'logits'}: export it "
+                              f"{'with' if features else 'without'} features, or give the checkpoint")
+        return Runner(ov, backend, precision, ov, features)
+    if backend == "onnx":
+        from .onnx import OnnxRunner, export_onnx
+
+        if features:
+            raise ConfigError("the ONNX backend gives logits only: use backend torch or openvino for features")
+        path = source
+        if not _exported_backend(source):  # exported on first use, cached by content hash like OpenVINO's IR
+            from .openvino import cache_folder, model_digest
+
+            path = cache_folder().parent / "onnx" / f"{model_digest(source)}.onnx"
+            if not path.is_file():  # written aside and renamed once checked: a cached file is always whole
+                staging = path.with_name(f".{path.stem}.{os.getpid()}.tmp.onnx")
+                try:
+                    export_onnx(source, staging)
+                    os.replace(staging, path)
+                finally:
+                    staging.unlink(missing_ok=True)
+        onnx = OnnxRunner(path, threads=threads)
+        return Runner(onnx, backend, precision, onnx, features)
+    model = source.eval()
+    forward = (lambda x: model.forward_head(model.forward_features(x), pre_logits=True)) if features else model
+    if backend == "compile":
+        forward = torch.compile(forward)
+    if precision == "bf16":
+        def call(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return forward(x)
+    else:
+        call = forward
+    return Runner(call, backend, precision, model, features)
+
+
+# ------------------------------------------------------------------------------------- "auto": measured
+def _cache_file() -> Path:
+    from ..hardware import cache_file
+
+    return cache_file().parent / "runtimes.json"
+
+
+def _auto_backend(model, precision: str, features: bool, batch_size: int, threads: int | None) -> str:
+    """The fastest of AUTO_CANDIDATES for this model at this batch size on this machine, measured once."""
+    from ..hardware import ENV_MEASURE, detect, machine_key
+
+    candidates = [b for b in AUTO_CANDIDATES if b != "openvino" or _have_openvino()]
+    if os.environ.get(ENV_MEASURE, "1") == "0" or len(candidates) == 1:
+        return "torch"
+    from .openvino import model_digest, openvino_version
+
+    chosen = {b: _precision(precision, b) for b in candidates}
+    key = " | ".join([machine_key(detect()), f"openvino {openvino_version()}", model_digest(model),
+                      f"batch {batch_size}", "features" if features else "logits",
+                      ",".join(f"{b}:{p}" for b, p in chosen.items())])
+    path = _cache_file()
+    try:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}  # an unreadable cache: measure again, and replace it
+    if cache.get(key, {}).get("backend") in candidates:
+        return cache[key]["backend"]
+    from ..timing import paired_times
+    from ..weights.notes import note_once
+
+    note_once(f"timing {' vs '.join(candidates)} once for this model at batch {batch_size} (cached in {path})")
+    C, (H, W) = model.cfg.in_chans, model.cfg.img_size
+    x = torch.randn(batch_size, C, H, W, generator=torch.Generator().manual_seed(0))
+    runs = {b: _build(model, b, chosen[b], features, threads) for b in candidates}
+    times = paired_times({b: (lambda r=r: r(x)) for b, r in runs.items()}, warmup=2, repeats=5)
+    medians = {b: sorted(t)[len(t) // 2] for b, t in times.items()}
+    best = min(medians, key=medians.get)
+    cache[key] = {"backend": best, "seconds_per_batch": medians}
+    with contextlib.suppress(OSError):  # unwritable: this process keeps its answer, the next one measures again
+        from .._files import atomic_write_text
+
+        atomic_write_text(path, json.dumps(cache, indent=2) + "\n")
+    return best
+
+
+def _have_openvino() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
