@@ -2,12 +2,12 @@
 never "internal error: ModuleNotFoundError".
 
 A package is made absent the way Python itself reports one: `sys.modules[name] = None` in a fresh interpreter
-makes `import name` raise ImportError, before vitkit is imported. Everything else is the real CLI."""
+(conftest's fresh_python, which refuses a package it has already imported) makes `import name` raise ImportError,
+before vitkit is imported. Everything else is the real CLI."""
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +20,12 @@ from vitkit import VisionTransformer, ViTConfig
 ROOT = Path(__file__).parents[1]
 
 
-def run_cli_without(blocked: list[str], argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run_cli_without(fresh_python, blocked: list[str], argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     code = ("import sys\n"
-            f"for name in {blocked!r}:\n    sys.modules[name] = None\n"
             "from vitkit.cli.main import main\n"
             f"sys.exit(main({argv!r}))\n")
     env = {k: v for k, v in os.environ.items() if k != "VITKIT_DEBUG"}
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return fresh_python.run(code, env=env, cwd=cwd, blocked=blocked, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +50,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("blocked,argv,extra", CASES, ids=[f"{c[1][0]}-without-{c[0][0]}" for c in CASES])
-def test_missing_extra_is_one_line_naming_it(files, blocked, argv, extra):
-    res = run_cli_without(blocked, argv, files)
+def test_missing_extra_is_one_line_naming_it(fresh_python, files, blocked, argv, extra):
+    res = run_cli_without(fresh_python, blocked, argv, files)
     err = res.stderr.strip()
     assert "internal error" not in err and "Traceback" not in err, err
     assert res.returncode == 2, (res.returncode, err)
@@ -64,10 +62,10 @@ def test_missing_extra_is_one_line_naming_it(files, blocked, argv, extra):
         assert not (files / argv[3]).exists()
 
 
-def test_default_training_data_without_scikit_learn_says_what_to_install(tmp_path):
+def test_default_training_data_without_scikit_learn_says_what_to_install(fresh_python, tmp_path):
     """scikit-learn is a core dependency (the default `vitkit train` needs it); an environment that still
     lacks it gets one line, not a traceback."""
-    res = run_cli_without(["sklearn"], ["train", "--out", str(tmp_path / "run"), "--epochs", "1", "--quiet"], tmp_path)
+    res = run_cli_without(fresh_python, ["sklearn"], ["train", "--out", str(tmp_path / "run"), "--epochs", "1", "--quiet"], tmp_path)
     err = res.stderr.strip()
     assert res.returncode == 2 and "internal error" not in err and len(err.splitlines()) == 1, err
     assert "scikit-learn" in err

@@ -9,8 +9,6 @@ from __future__ import annotations
 import http.server
 import os
 import socket
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -22,9 +20,9 @@ import vitkit
 REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 
 
-def _pretrained_in_fresh_python(tmp_path, **env_vars) -> tuple[str, str]:
+def _pretrained_in_fresh_python(fresh_python, tmp_path, **env_vars) -> tuple[str, str]:
     """huggingface_hub reads HF_HUB_OFFLINE / HF_HUB_CACHE / HF_ENDPOINT at import time: run in a fresh
-    interpreter with an empty cache. Returns ('<ErrorClass>: <message>', stderr)."""
+    interpreter (conftest's fresh_python) with an empty cache. Returns ('<ErrorClass>: <message>', stderr)."""
     cache = tmp_path / "hub-cache"
     cache.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
@@ -32,20 +30,19 @@ def _pretrained_in_fresh_python(tmp_path, **env_vars) -> tuple[str, str]:
     code = ("import vitkit\n"
             "try:\n    vitkit.create_model('vit_tiny_patch16_224', pretrained=True)\n"
             "except vitkit.VitkitError as e:\n    print(f'{type(e).__name__}: {e}')\n")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
-                         check=False)
+    res = fresh_python.run(code, env=env, timeout=180)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip(), res.stderr
 
 
-def test_offline_empty_cache_is_a_clear_error(tmp_path):
-    msg, err = _pretrained_in_fresh_python(tmp_path, HF_HUB_OFFLINE="1")
+def test_offline_empty_cache_is_a_clear_error(fresh_python, tmp_path):
+    msg, err = _pretrained_in_fresh_python(fresh_python, tmp_path, HF_HUB_OFFLINE="1")
     assert msg.startswith("OfflineError:") and "\n" not in msg
     assert str(tmp_path / "hub-cache") in msg and "checkpoint_path" in msg and REPO in msg
     assert "HF_HUB_OFFLINE" in msg and "Retrying" not in err
 
 
-def test_unresponsive_hub_fails_after_one_request(tmp_path):
+def test_unresponsive_hub_fails_after_one_request(fresh_python, tmp_path):
     """A hub that accepts connections but never answers (a stalled network or proxy): OfflineError after one
     attempt and its timeout, not after huggingface_hub's five retries with backoff. The listening socket
     counts the attempts."""
@@ -64,7 +61,7 @@ def test_unresponsive_hub_fails_after_one_request(tmp_path):
 
     threading.Thread(target=accept_and_stall, daemon=True).start()
     try:
-        msg, err = _pretrained_in_fresh_python(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{srv.getsockname()[1]}")
+        msg, err = _pretrained_in_fresh_python(fresh_python, tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{srv.getsockname()[1]}")
     finally:
         srv.close()
         for conn in held:
@@ -74,12 +71,12 @@ def test_unresponsive_hub_fails_after_one_request(tmp_path):
     assert len(held) == 1 and "Retrying" not in err
 
 
-def test_refused_connection_is_offline(tmp_path):
+def test_refused_connection_is_offline(fresh_python, tmp_path):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now: connection refused
-    msg, err = _pretrained_in_fresh_python(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}")
+    msg, err = _pretrained_in_fresh_python(fresh_python, tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}")
     assert msg.startswith("OfflineError:") and "not reachable" in msg and REPO in msg
     assert "Retrying" not in err
 
@@ -102,7 +99,7 @@ class _HubSays404(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("error_code", ["RepoNotFound", "RevisionNotFound", "EntryNotFound", ""])
-def test_hub_not_found_is_not_offline(tmp_path, error_code):
+def test_hub_not_found_is_not_offline(fresh_python, tmp_path, error_code):
     """The hub is reachable and says the repo (or tag, or file) does not exist: a CheckpointError naming the
     repo, never the "not reachable / download it elsewhere" advice. huggingface_hub turns these answers into
     RepositoryNotFoundError / RevisionNotFoundError / (Remote)EntryNotFoundError / a plain 404 HfHubHTTPError."""
@@ -110,7 +107,7 @@ def test_hub_not_found_is_not_offline(tmp_path, error_code):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        msg, _ = _pretrained_in_fresh_python(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
+        msg, _ = _pretrained_in_fresh_python(fresh_python, tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
     finally:
         server.shutdown()
         server.server_close()
@@ -153,7 +150,7 @@ def test_pretrained_from_local_hub_cache(tmp_path, monkeypatch, photo_batch, rec
 PYTHON_WAY, CLI_WAY = "checkpoint_path=PATH in Python", "vitkit predict FILE IMAGE"
 
 
-def test_offline_pretrained_name_on_the_command_line_names_the_cli_way(tmp_path):
+def test_offline_pretrained_name_on_the_command_line_names_the_cli_way(fresh_python, tmp_path):
     """`vitkit predict NAME IMG` offline: one stderr line that says how to pass a local file on the command
     line too, and that way works: the same command with a file path in place of the name predicts."""
     from PIL import Image
@@ -164,15 +161,13 @@ def test_offline_pretrained_name_on_the_command_line_names_the_cli_way(tmp_path)
     cache.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env |= dict(HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
-    res = subprocess.run([sys.executable, "-m", "vitkit", "predict", "vit_tiny_patch16_224", str(image)], env=env,
-                         capture_output=True, text=True, timeout=180, check=False)
+    res = fresh_python.run(module="vitkit", args=["predict", "vit_tiny_patch16_224", str(image)], env=env, timeout=180)
     assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert REPO in res.stderr and PYTHON_WAY in res.stderr and CLI_WAY in res.stderr
     assert "checkpoint_path=/path" not in res.stderr
     local = vitkit.save_model(vitkit.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2,
                                                   num_classes=2), tmp_path / "local.safetensors")
-    res = subprocess.run([sys.executable, "-m", "vitkit", "predict", str(local), str(image), "--json"], env=env,
-                         capture_output=True, text=True, timeout=180, check=False)
+    res = fresh_python.run(module="vitkit", args=["predict", str(local), str(image), "--json"], env=env, timeout=180)
     assert res.returncode == 0, res.stderr
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -153,7 +151,7 @@ def test_finetune_from_a_pretrained_name(hub):
     assert torch.equal(model.state_dict()["blocks.0.attn.qkv.weight"], ref.state_dict()["blocks.0.attn.qkv.weight"])
 
 
-def test_offline_pretrained_name_fails_at_once_without_network(tmp_path, photos):
+def test_offline_pretrained_name_fails_at_once_without_network(fresh_python, tmp_path, photos):
     """HF_HUB_OFFLINE=1 and an empty cache: one line, exit 2, and not one connection to the (local) endpoint."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -177,8 +175,8 @@ def test_offline_pretrained_name_fails_at_once_without_network(tmp_path, photos)
         HF_HUB_DISABLE_TELEMETRY="1", HF_ENDPOINT=f"http://127.0.0.1:{srv.getsockname()[1]}")
     try:
         start = time.monotonic()
-        res = subprocess.run([sys.executable, "-m", "vitkit", "predict", NAME, str(photos / "astronaut.png")],
-                             env=env, capture_output=True, text=True, timeout=300, check=False)
+        res = fresh_python.run(module="vitkit", args=["predict", NAME, str(photos / "astronaut.png")], env=env,
+                               timeout=300)
         took = time.monotonic() - start
     finally:
         srv.close()
