@@ -86,7 +86,7 @@ def run_dim(n: int, dim: int, n_queries: int, sigma: float, noise: float, intrin
         if kind == "flat":
             index, params, times = flat, {}, None
         else:
-            index, _, _, params, times = build_faiss(base, kind, seed=seed, train_size=train_size)
+            index, _, _, params, times, _ = build_faiss(base, kind, seed=seed, train_size=train_size, rerank="none")
         settings = [dict(params)]
         if sweep and "nprobe" in params:
             settings = [params | {"nprobe": 1}, params, params | {"nprobe": min(params["nlist"], 4 * params["nprobe"])}]

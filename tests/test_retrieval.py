@@ -26,7 +26,8 @@ from vitkit.data.images import load_image
 from vitkit.data.transforms import eval_transform
 from vitkit.errors import ConfigError, DataError
 from vitkit.retrieval import Embeddings, SearchIndex, build_index, embed, evaluate, merge, model_identity
-from vitkit.retrieval.index import DEFAULT_EF_SEARCH, Hit, choose_kind, hnsw_bytes
+from vitkit.retrieval.budget import hnsw_bytes
+from vitkit.retrieval.index import DEFAULT_EF_SEARCH, Hit, choose_kind, unwrapped
 from vitkit.retrieval.metrics import ann_recall, mean_average_precision, recall_at_k
 from vitkit.retrieval.search import hit_captions, score_labels
 
@@ -234,8 +235,8 @@ def test_ann_indexes_recall_stored_params_and_training_size(tmp_path, digits_emb
     real = (tmp_path / "hnsw" / "index.faiss").stat().st_size
     assert 0.8 < hnsw_bytes(len(vecs), vecs.shape[1]) / real < 1.25  # the size `auto` budgets with
     assert choose_kind(len(vecs), vecs.shape[1]) == "flat" and choose_kind(10**6, 768) == "hnsw"
-    assert choose_kind(10**6, 768, memory_gb=1) == choose_kind(10**7, 768) == "ivfpq"
-    assert hnsw.index.hnsw.efSearch == DEFAULT_EF_SEARCH == 256  # the stored value, not FAISS's 16
+    assert choose_kind(10**6, 768, max_memory="1GiB") == choose_kind(10**7, 768) == "ivfpq"
+    assert unwrapped(hnsw.index).hnsw.efSearch == DEFAULT_EF_SEARCH == 256  # the stored value, not FAISS's 16
     assert ann_recall(hnsw.raw_search(q, 10)[1], exact) >= 0.9
 
 
@@ -454,4 +455,4 @@ def test_concurrent_searches_with_different_nprobe_each_get_their_own_answer(tmp
     build_index(digits_emb, tmp_path / "hnsw", "hnsw")
     hnsw = SearchIndex.load(tmp_path / "hnsw")
     small, stored = hnsw.raw_search(q, 10, ef_search=10)[1], hnsw.raw_search(q, 10)[1]
-    assert hnsw.index.hnsw.efSearch == DEFAULT_EF_SEARCH and small.shape == stored.shape == (len(q), 10)
+    assert unwrapped(hnsw.index).hnsw.efSearch == DEFAULT_EF_SEARCH and small.shape == stored.shape == (len(q), 10)
