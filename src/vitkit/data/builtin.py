@@ -19,12 +19,13 @@ from .bundle import DataBundle, TensorImages, stratified_split
 
 CLASSIFICATION = "classification"  # one label per image
 SEGMENTATION = "segmentation"  # one label per pixel (a mask)
+DETECTION = "detection"  # boxes with a class each
 
 
 @dataclass(frozen=True)
 class BuiltinSet:
     loader: Callable[[int, bool], DataBundle]  # (seed, allow_download) -> the set's splits
-    task: str  # CLASSIFICATION | SEGMENTATION (detection later)
+    task: str  # CLASSIFICATION | SEGMENTATION | DETECTION
     aliases: tuple[str, ...] = ()  # other spellings `--data` accepts
 
 
@@ -60,7 +61,7 @@ def _fashion_mnist(seed: int, allow_download: bool = True) -> DataBundle:
 def _canvas(name: str, seed: int, allow_download: bool = True) -> DataBundle:
     """A canvas set pasted from its source set's splits; the canvases follow the spec's own generation seed,
     never the training seed, so every run sees the same data."""
-    spec = canvas.SPECS[name]
+    spec = canvas.spec_of(name)
     source = BUILTIN_SETS[spec.source].loader(spec.seed, allow_download)
     return canvas.load_canvas(name, source)
 
@@ -69,6 +70,7 @@ BUILTIN_SETS: dict[str, BuiltinSet] = {
     "digits": BuiltinSet(_digits, CLASSIFICATION),
     "fashion-mnist": BuiltinSet(_fashion_mnist, CLASSIFICATION, aliases=("fashion_mnist", "fmnist")),
     **{name: BuiltinSet(partial(_canvas, name), SEGMENTATION) for name in canvas.SPECS},
+    **{name: BuiltinSet(partial(_canvas, name), DETECTION) for name in canvas.BOX_SPECS},
 }
 
 
@@ -82,7 +84,9 @@ def builtin_set(spec: str) -> tuple[str, BuiltinSet] | None:
 
 
 def dataset_task(spec: str) -> str:
-    """The task a `--data` spec's labels serve: the table's for a built-in set; a user folder or manifest holds
-    one class per image."""
+    """The task a `--data` spec's labels serve: the table's for a built-in set; a COCO annotation file (.json)
+    holds boxes; a user folder or manifest one class per image."""
     found = builtin_set(spec)
-    return found[1].task if found else CLASSIFICATION
+    if found:
+        return found[1].task
+    return DETECTION if str(spec).lower().endswith(".json") else CLASSIFICATION

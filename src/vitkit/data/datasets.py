@@ -9,6 +9,7 @@
   at least one image on each side, so each class needs two or more);
 - a CSV manifest `path,label` (header optional, paths relative to the CSV), split like a flat folder;
 - `canvas-fashion`, `canvas-digits`: segmentation canvases with per-pixel masks made from those (canvas.py).
+- `canvas-digits-boxes` or a COCO annotation file `ANN.json`: detection (boxes; coco.py).
 
 Small built-in sets live in memory as uint8 tensors [N, C, H, W]; user files are decoded on access.
 Files that cannot be decoded are skipped and counted (listed in `info['skipped']`), or stop the run with
@@ -30,6 +31,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 from ..errors import ConfigError, DataError, ImageError
 from .builtin import BUILTIN_SETS, builtin_set
 from .bundle import DataBundle, FileImages, TensorImages, stratified_split  # noqa: F401  (re-exported: vitkit reads them here)
+from .coco import load_coco
 from .splits import EVAL_SPLITS  # what an evaluation may score
 
 log = logging.getLogger("vitkit")
@@ -86,8 +88,10 @@ def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bo
             bundle = _folder(path, strict, channels)
         elif path.suffix.lower() in (".csv", ".tsv", ".txt"):
             bundle = _csv(path, strict, channels)
+        elif path.suffix.lower() == ".json":  # a COCO annotation file: detection (coco.py splits it)
+            bundle = load_coco(path, strict=strict, channels=channels, seed=seed, val_fraction=val_fraction)
         else:
-            raise DataError(f"{spec}: expected a folder of class folders or a CSV manifest (path,label)")
+            raise DataError(f"{spec}: expected a folder of class folders, a CSV manifest (path,label) or a COCO annotation file (.json)")
     if val_fraction and bundle.val is None:
         carve_val(bundle, val_fraction, seed, spec)
     if subset and subset < len(bundle.train):  # quick experiments: a seeded stratified subset of train

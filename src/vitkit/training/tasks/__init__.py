@@ -8,13 +8,14 @@ from __future__ import annotations
 from ...errors import ConfigError
 from .base import Task, loggable, to_device
 from .classification import ClassificationTask
+from .detect import DetectTask
 from .dino import DinoTask
 from .distillation import DistillationTask
 from .mae import MaeTask
 from .segment import SegmentTask
 
 TASKS: dict[str, type[Task]] = {"classification": ClassificationTask, "distillation": DistillationTask,
-                                "mae": MaeTask, "dino": DinoTask, "segment": SegmentTask}
+                                "mae": MaeTask, "dino": DinoTask, "segment": SegmentTask, "detect": DetectTask}
 
 
 def task_class(recipe) -> type[Task]:
@@ -28,5 +29,5 @@ def make_task(recipe, model, **kw) -> Task:
     return task_class(recipe)(recipe, model, **kw)
 
 
-__all__ = ["TASKS", "ClassificationTask", "DinoTask", "DistillationTask", "MaeTask", "SegmentTask", "Task",
+__all__ = ["TASKS", "ClassificationTask", "DetectTask", "DinoTask", "DistillationTask", "MaeTask", "SegmentTask", "Task",
            "loggable", "make_task", "task_class", "to_device"]
