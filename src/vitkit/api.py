@@ -219,6 +219,7 @@ def create_model(
 def _build(entry: ModelEntry, ckpt: Checkpoint | None, num_classes, img_size, overrides: dict) -> nn.Module:
     if ckpt is not None:
         ckpt = ckpt.as_family(entry.family, entry.name)  # a whole model's file gives the tower of this family
+    _check_patch_size(get_family(entry.family), entry.cfg, overrides.get("patch_size"), with_weights=ckpt is not None)
     if num_classes is None and ckpt is not None:
         num_classes = ckpt.head_classes(get_family(entry.family).model.head_names)
     if num_classes is not None:
@@ -226,6 +227,35 @@ def _build(entry: ModelEntry, ckpt: Checkpoint | None, num_classes, img_size, ov
     if img_size is not None:
         overrides["img_size"] = img_size
     return entry.build(**overrides)
+
+
+def _patch_families() -> str:
+    return ", ".join(f.name for f in FAMILIES.values() if "patch_resample" in getattr(f.model, "capabilities", ()))
+
+
+def _check_patch_size(fam, cfg, patch_size, *, with_weights: bool) -> None:
+    """patch_size=P asked of a family: its weights are resampled to P where the family can (`patch_resample`,
+    layers.patch_embed); one line otherwise: a family without patches, or one whose weights fix it (Swin)."""
+    if patch_size is None or "patch_resample" in getattr(fam.model, "capabilities", ()):
+        return
+    own = getattr(cfg, "patch_size", None)
+    if own is None:
+        raise ConfigError(f"a {fam.name} model has no patch size to change: patch_size applies to "
+                          f"{_patch_families()} models")
+    if with_weights and patch_size != own:
+        raise ConfigError(f"a {fam.name} model's weights fix its patch size at {own} (valid: patch_size={own}); "
+                          f"weights are resampled to another patch size for {_patch_families()} models only")
+
+
+def set_patch_size(model, patch_size: int) -> None:
+    """Run `model` with `patch_size`-pixel patches from now on, in place: its patch kernel resampled from its
+    original one (FlexiViT's pseudo-inverse resize) and the position grid following (`set_input_size`).
+    One line for a model that cannot (another family, an exported model)."""
+    if "patch_resample" not in getattr(model, "capabilities", ()):
+        what = f"a {model.family} model" if hasattr(model, "family") else f"a {type(model).__name__} (exported)"
+        raise ConfigError(f"{what} cannot change its patch size: patch sizes change on PyTorch "
+                          f"{_patch_families()} models (an exported model: export it at that patch size)")
+    model.set_input_size(patch_size=patch_size)
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> dict:
@@ -280,6 +310,7 @@ def load_model(
         return _with_fast_paths(model).to(device)
     fam = get_family(ckpt.family)
     cfg = ckpt.config
+    _check_patch_size(fam, cfg, overrides.get("patch_size"), with_weights=True)
     # the importer gave the whole config; else the family's reader assumes what the weights do not show
     read_whole_config = cfg is not None
     changes = fam.translate_kwargs(dict(overrides)) if (overrides and fam.translate_kwargs) else dict(overrides)

@@ -16,6 +16,10 @@ Forward MACs (multiply-accumulates; FLOPs = 2 * MACs) per image, with T tokens, 
   attn_scores   L * 2 * T^2 * D       (QK^T and the attention-weighted sum AV, over all heads)
   mlp           L * 2 * T * D * Hm
   head          D' * K (+ D * R for pre_logits), twice for DeiT distilled
+With token merging (`merge=R`, ToMe; layers/tome.py) block i's attention runs on its T_i tokens and its MLP on
+the T_i - r_i left after the merge, and attn_scores adds the matching's similarity matmul, ceil(T_i/2) *
+floor(T_i/2) * Dh per merging block (its gathers and scatters are not counted); activation memory is given
+for the unmerged model.
 Element-wise work (LayerNorm, softmax, GELU, residual adds) is not counted, as in torch's FlopCounterMode;
 timm's published numbers count LayerNorms and come out about 0.1% higher.
 
@@ -50,6 +54,7 @@ import torch
 
 from ..api import load_model
 from ..errors import CheckpointError, ConfigError
+from ..layers.tome import tokens_per_block
 from ..models import ViTConfig, decode_variant, get_entry, get_family
 from ..models.cost import MAC_PARTS, PARAM_PARTS, activation_elements, mac_counts, param_counts
 from ..weights.io import parse_vitkit_meta, read_safetensors_meta
@@ -105,6 +110,8 @@ class CostReport(_PerImage):
     weight_bytes: int  # the parameters stored in `dtype`
     train_state_bytes: int  # fp32 weights + grads + AdamW moments: 16 bytes per parameter
     config: dict[str, Any] = field(default_factory=dict, repr=False)
+    merge: int = 0  # tokens merged per block (ToMe); activation_bytes are the unmerged model's
+    tokens_per_block: list[int] = field(default_factory=list)  # entering each block, then leaving the last
 
     def to_dict(self) -> dict[str, Any]:
         return super().to_dict() | {"grid": list(self.grid)}
@@ -221,10 +228,11 @@ def model_cost(
     dt = _dtype_name(dtype)
     if not isinstance(cfg, ViTConfig):
         return family_cost(cfg, name, batch, dt)
-    params, macs = param_counts(cfg), {k: v * batch for k, v in mac_counts(cfg).items()}
-    total = sum(params.values())
     gh, gw = cfg.grid_size
     T = gh * gw + cfg.num_prefix_tokens
+    counts = tokens_per_block(T, cfg.num_prefix_tokens, cfg.merge, cfg.depth)  # constant without merging
+    params, macs = param_counts(cfg), {k: v * batch for k, v in _merged_macs(cfg, counts).items()}
+    total = sum(params.values())
     nbytes = DTYPE_BYTES[dt]
     return CostReport(
         name=name, img_size=cfg.img_size, patch_size=cfg.patch_size, grid=(gh, gw), patches=gh * gw,
@@ -235,7 +243,27 @@ def model_cost(
         dtype=dt, fused_attention=fused_attention,
         activation_bytes=activation_elements(cfg, fused_attention) * batch * nbytes,
         weight_bytes=total * nbytes, train_state_bytes=total * 16, config=cfg.to_dict(),
+        merge=cfg.merge, tokens_per_block=counts,
     )
+
+
+def _merged_macs(cfg: ViTConfig, counts: list[int]) -> dict[str, int]:
+    """MACs per image by part when block i's attention sees counts[i] tokens and its MLP counts[i + 1] (token
+    merging; see the module docstring), from the per-token costs of the unmerged closed form."""
+    macs = mac_counts(cfg)
+    L, T = cfg.depth, counts[0]
+    if not cfg.merge or not L:
+        return macs
+    Dh = cfg.embed_dim // cfg.num_heads
+    proj_per_token, mlp_per_token = macs["attn_proj"] // (L * T), macs["mlp"] // (L * T)
+    scores_per_pair = macs["attn_scores"] // (L * T * T)  # QK^T and AV over all heads: 2 D per token pair
+    matching = sum((t + 1) // 2 * (t // 2) * Dh for t, after in zip(counts, counts[1:]) if after < t)
+    merged = dict(macs, attn_proj=proj_per_token * sum(counts[:-1]), mlp=mlp_per_token * sum(counts[1:]),
+                  attn_scores=scores_per_pair * sum(t * t for t in counts[:-1]) + matching)
+    if cfg.global_pool == "map":  # the pooling query attends over the patch tokens left after the last block
+        D, fewer = cfg.embed_dim, T - counts[-1]
+        merged["head"] -= fewer * (2 * D * D + 2 * D)
+    return merged
 
 
 def model_summary(name: str) -> dict[str, Any]:

@@ -12,6 +12,8 @@ def register(sub) -> None:
     p.add_argument("--batch", type=positive_int, default=1, help="batch size for MACs and activations (default 1)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="element size for activation and weight memory (default fp32)")
+    p.add_argument("--merge", type=int, default=None, metavar="R",
+                   help="token merging (ToMe): R tokens merged per block; reports the tokens of each block")
     p.add_argument("--eager-attn", action="store_true",
                    help="activation memory for the eager attention path (keeps the [B, H, T, T] probabilities)")
     p.add_argument("--train-memory", action="store_true",
@@ -37,8 +39,9 @@ def run(args) -> int:
     if args.vlm:
         return _run_vlm(args)
 
+    merge = {} if args.merge is None else {"merge": args.merge}
     report = model_cost(args.model, img_size=args.img_size, batch=args.batch, dtype=args.dtype,
-                        fused_attention=not args.eager_attn)
+                        fused_attention=not args.eager_attn, **merge)
     if not hasattr(report, "tokens"):  # another family's closed form (Swin): its parts and stages
         emit(args, report.to_dict(), lambda _: _render_family(report))
         return 0
@@ -65,11 +68,14 @@ def run(args) -> int:
         print_table(None, ["figure", "value"], [
             ("patch / grid / patches", f"{r.patch_size} / {r.grid[0]}x{r.grid[1]} / {r.patches}"),
             ("tokens (prefix + patches)", f"{r.tokens} ({r.prefix_tokens} + {r.patches})"),
+            *([(f"tokens per block, merging {r.merge} (ToMe)", " > ".join(map(str, r.tokens_per_block)))]
+              if r.merge else []),
             ("layers x heads, width, MLP", f"{r.layers} x {r.heads}, {r.width}, {r.mlp_hidden}"),
             ("attention scores per head per layer (T^2)", f"{r.attn_scores_per_head_layer:,}"),
             ("attention scores per image (all heads, layers)", f"{r.attn_scores_per_image:,}"),
             ("GMACs per image (FLOPs = 2 x MACs)", f"{r.gmacs_per_image:.2f}"),
-            (f"training activations ({r.dtype}, {attn} attention, batch {r.batch})", format_bytes(r.activation_bytes)),
+            (f"training activations ({r.dtype}, {attn} attention, batch {r.batch}"
+             f"{', without merging' if r.merge else ''})", format_bytes(r.activation_bytes)),
             (f"weights ({r.dtype})", format_bytes(r.weight_bytes)),
             ("weights + grads + AdamW state (fp32)", format_bytes(r.train_state_bytes)),
         ], justify=("left", "right"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..data.splits import EVAL_SPLITS
 from .common import add_json, emit, load_backend, positive_int, print_table
-from .export import add_precision
+from .export import add_patch_size, add_precision, with_patch_size
 
 
 def register(sub) -> None:
@@ -35,6 +35,7 @@ def register(sub) -> None:
                    "for .onnx files); openvino: an IR folder from `vitkit export --openvino`, or a checkpoint "
                    "converted on first use (cached)")
     add_precision(p)
+    add_patch_size(p)
     p.add_argument("--protocol", type=_protocols, default=("top1",), metavar="top1|knn|linear",
                    help="top1: the model's own classifier (default); knn: weighted k-NN on frozen features (DINO: "
                    "k=20, T=0.07, the train split as the bank); linear: a linear probe (BatchNorm + linear, MAE) "
@@ -70,7 +71,8 @@ def run(args) -> int:
     from ..data.datasets import same_data
     from ..inference import evaluate_on, training_data
 
-    model = _zeroshot_model(args) if args.zeroshot else load_backend(args.checkpoint, args.backend, args.precision)
+    model = _zeroshot_model(args) if args.zeroshot else with_patch_size(
+        load_backend(args.checkpoint, args.backend, args.precision), args)
     prov = getattr(model, "provenance", None) or (getattr(model, "meta", None) or {}).get("provenance") or {}
     trained = training_data(str(args.checkpoint), prov)
     data = args.data or trained["data"]

@@ -31,6 +31,7 @@ def register(sub) -> None:
                    help="with --int8: measure top-1 of PyTorch, ONNX fp32 and int8 on this dataset's test split "
                         "(digits | fashion-mnist | FOLDER | CSV)")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="evaluate at most this many images")
+    add_patch_size(p)
     p.add_argument("--int8-max-drop", type=non_negative_float, default=None, metavar="POINTS",
                    help="with --int8: warn when int8 top-1 is more than this many points below PyTorch's "
                         "(default 0.5; measured with --eval-data)")
@@ -38,6 +39,21 @@ def register(sub) -> None:
                    help="with --int8: warn when int8 is less than X times as fast as the fp32 ONNX model (default 1.2)")
     add_json(p)
     p.set_defaults(func=run)
+
+
+def add_patch_size(p) -> None:
+    """`--patch-size` (predict, eval, export): FlexiViT's kernel resize of a ViT checkpoint."""
+    p.add_argument("--patch-size", type=positive_int, metavar="P", help="run a ViT at P-pixel patches: the patch "
+                   "kernel resampled from the checkpoint's (FlexiViT's pseudo-inverse resize), positions following")
+
+
+def with_patch_size(model, args):
+    """`model` at --patch-size (a PyTorch ViT; other models refused in one line), or as it is."""
+    if getattr(args, "patch_size", None):
+        from ..api import set_patch_size
+
+        set_patch_size(model, args.patch_size)
+    return model
 
 
 def add_precision(p) -> None:
@@ -63,7 +79,7 @@ def run(args) -> int:
         from ..export.openvino import import_openvino
 
         import_openvino()  # a missing extra is said before the model loads
-    model = load_model(args.checkpoint).eval()
+    model = with_patch_size(load_model(args.checkpoint), args).eval()
     out = {}
     if args.onnx:
         out = export_onnx(model, args.onnx, dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from .common import add_json, emit, load_backend, positive_int, print_table
-from .export import add_precision
+from .export import add_patch_size, add_precision, with_patch_size
 
 
 def register(sub) -> None:
@@ -16,6 +16,7 @@ def register(sub) -> None:
                    help="onnx: CHECKPOINT is an .onnx file from `vitkit export`, run in ONNX Runtime; openvino: an IR "
                    "folder from `vitkit export --openvino`, or a checkpoint converted on first use (cached)")
     add_precision(p)
+    add_patch_size(p)
     add_json(p)
     p.set_defaults(func=run)
 
@@ -23,7 +24,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..inference import input_note, predict_files
 
-    model = load_backend(args.checkpoint, args.backend, args.precision)
+    model = with_patch_size(load_backend(args.checkpoint, args.backend, args.precision), args)
     preds, errors = predict_files(model, args.images, args.top_k)
     note = input_note(model, preds)
     if note:  # once per command, on stderr: --json stdout stays pure JSON

@@ -41,6 +41,9 @@ def register(sub) -> None:
                    "threads, set once on the server's one model thread (ONNX Runtime's with --backend onnx); "
                    "default: torch's count, the cores. The server's other threads: the event loop and, while "
                    "uploads are decoded, up to one per core")
+    p.add_argument("--patch-size", type=positive_int, metavar="P", help="serve at P-pixel patches: the checkpoint's "
+                   "patch kernel resampled (FlexiViT's pseudo-inverse resize) and its position grid following; "
+                   "smaller patches are more tokens, slower and often more accurate (PyTorch backend, ViT models)")
     p.add_argument("--top-k", type=positive_int, default=5, help="classes returned when a request does not say")
     p.add_argument("--index", metavar="INDEX", help="a search index from `vitkit index` to enable /v1/search")
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on the API (default: "
@@ -80,6 +83,10 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)  # before the load: an ONNX session takes torch's count when it is made
     model = load_backend(args.checkpoint, args.backend)  # loaded once, before the port opens
+    if args.patch_size is not None:
+        from ..api import set_patch_size
+
+        set_patch_size(model, args.patch_size)
     backend = "torch" if hasattr(model, "state_dict") else "onnx"
     app = create_app(model, name=str(args.checkpoint), backend=backend, max_batch=args.max_batch,
                      batch_timeout_ms=args.batch_timeout_ms, max_upload_mb=args.max_upload_mb,

@@ -29,6 +29,9 @@ def register(sub) -> None:
                    "over 20M parameters: choose one with --lr)")
     p.add_argument("--seed", type=int)
     p.add_argument("--img-size", type=int, help="train at this resolution (position embeddings are resampled)")
+    p.add_argument("--patch-size", type=positive_int, metavar="P", help="train at P-pixel patches; with --finetune "
+                   "the checkpoint's patch kernel is resampled to P (FlexiViT's pseudo-inverse resize) and its "
+                   "position grid follows (the same as --set model.patch_size=P)")
     p.add_argument("--task", help="training objective: classification, distillation, mae, dino or segment "
                    "(the same as --set task=NAME)")
     p.add_argument("--teacher", metavar="CKPT|recipe:NAME", help="distillation teacher: a checkpoint, or a preset "
@@ -72,7 +75,7 @@ def resolve_recipe(args):
         saved = json.loads(cfg.read_text())
         recipe = Recipe.from_dict(saved["recipe"])
         if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe or args.task \
-                or args.teacher or args.time_budget:
+                or args.teacher or args.time_budget or args.patch_size:
             raise ConfigError("--resume continues the saved recipe exactly; start a new run to change it")
         return recipe, saved.get("finetune")
     name = args.recipe or ("finetune" if args.finetune else "digits")
@@ -92,6 +95,8 @@ def resolve_recipe(args):
         changes.setdefault("model_args", {})  # a preset's architecture tweaks belong to its own model,
         changes.setdefault("threads", None)  # and so does its thread count (digits: 1 for a 0.3M model)
     recipe = recipe.replace(**changes).override(args.set + ([f"task.teacher={args.teacher}"] if args.teacher else []))
+    if args.patch_size is not None:
+        recipe = recipe.replace(model_args={**recipe.model_args, "patch_size": args.patch_size})
     if not args.finetune and not recipe.model:
         raise ConfigError(f"recipe {recipe.name!r} needs --finetune CKPT or --model NAME")
     return derive(recipe, args.finetune), args.finetune

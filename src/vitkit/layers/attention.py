@@ -7,6 +7,7 @@ from torch import nn
 
 from .mlp import Linear
 from .rope import apply_rope
+from .tome import size_bias
 
 
 class AttentionMap(nn.Module):
@@ -74,6 +75,22 @@ class Attention(nn.Module):
                 bias: torch.Tensor | None = None):
         """x [B, N, D]; rope: rotary table [..., n, 2 Dh] for the last n tokens (the patches; see layers/rope.py);
         bias: added to the attention logits, [1, H, N, N] (a relative position bias, layers/rel_pos.py)."""
+        q, k, v = self._heads(x, rope)
+        # with a bias, the matmul form: torch 2.14's ONNX export mis-strides SDPA's output given a float mask
+        x, attn = self._attend(q, k, v, return_attn, bias, bias_in_sdpa=False)
+        return (x, attn) if return_attn else x
+
+    def forward_merging(self, x: torch.Tensor, size: torch.Tensor | None, return_attn: bool = False):
+        """Attention for token merging (layers/tome.py): x [B, N, D] with each token's size [B, N, 1] (None: all 1).
+        Proportional attention adds log(size) to every key's logits, as an SDPA mask on the fused path.
+        Returns (output [B, N, D], probabilities [B, H, N, N] or None, the keys averaged over heads [B, N, Dh]:
+        what the merge matches tokens by)."""
+        q, k, v = self._heads(x, None)
+        x, attn = self._attend(q, k, v, return_attn, size_bias(size), bias_in_sdpa=True)
+        return x, attn, k.mean(1)
+
+    def _heads(self, x: torch.Tensor, rope: torch.Tensor | None):
+        """x [B, N, D] -> q, k, v, each [B, H, N, Dh] (q and k normalised and rotated where the model does)."""
         B, N, D = x.shape
         if self.q_bias is None:
             qkv = self.qkv(x)
@@ -86,16 +103,23 @@ class Attention(nn.Module):
             P = N - rope.shape[-2]
             q = torch.cat([q[:, :, :P], apply_rope(q[:, :, P:], rope, self.rope_half)], dim=2)
             k = torch.cat([k[:, :, :P], apply_rope(k[:, :, P:], rope, self.rope_half)], dim=2)
+        return q, k, v
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_attn: bool,
+                bias: torch.Tensor | None, bias_in_sdpa: bool):
+        """Heads [B, H, N, Dh] -> (projected output [B, N, D], probabilities [B, H, N, N] or None); `bias` is added
+        to the logits (any shape broadcasting to [B, H, N, N]), inside SDPA only where `bias_in_sdpa`."""
+        B, H, N, Dh = q.shape
         attn = None
-        # with a bias, the matmul form: torch 2.14's ONNX export mis-strides SDPA's output given a float mask
-        if self.fused and not return_attn and bias is None and not (self.matmul_attention and sdpa_is_slower(q)):
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        fused = self.fused and not return_attn and not (self.matmul_attention and sdpa_is_slower(q))
+        if fused and (bias is None or bias_in_sdpa):
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                               dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, H, N, N]
             if bias is not None:
                 attn = attn + bias
             attn = self.attn_map(attn.softmax(dim=-1))
             x = self.attn_drop(attn) @ v  # [B, H, N, Dh]
-        x = x.transpose(1, 2).reshape(B, N, D)
-        x = self.proj_drop(self.proj(x))
-        return (x, attn) if return_attn else x
+        x = x.transpose(1, 2).reshape(B, N, H * Dh)
+        return self.proj_drop(self.proj(x)), attn

@@ -8,6 +8,7 @@ from torch.nn.modules import module as _nn_module
 from .attention import Attention
 from .mlp import Mlp
 from .rel_pos import RelPosMlp
+from .tome import TokenMatch, merge_wavg
 
 
 class LayerScale(nn.Module):
@@ -98,6 +99,23 @@ class Block(nn.Module):
         x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return (x, attn) if return_attn else x
+
+    def forward_merging(self, x: torch.Tensor, size: torch.Tensor | None, r: int, prefix: int,
+                        return_attn: bool = False):
+        """The block with token merging (ToMe, layers/tome.py): attention with proportional attention, then the
+        r most similar token pairs merged (the first `prefix` tokens never are), then the MLP on fewer tokens.
+        x [B, N, D], size [B, N, 1] (None: all 1) -> (x [B, N - r, D], size [B, N - r, 1] or None while nothing
+        was merged, attention probabilities [B, H, N, N] with `return_attn` else None)."""
+        attn_in = x if self.post_norm else self.norm1(x)
+        y, attn, keys = self.attn.forward_merging(attn_in, size, return_attn)
+        x = x + self.drop_path1(self.norm1(y) if self.post_norm else self.ls1(y))
+        if r:
+            x, size = merge_wavg(TokenMatch(keys, r, prefix), x, size)
+        if self.post_norm:
+            x = x + self.drop_path2(self.norm2(self.mlp(x)))
+        else:
+            x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x, size, attn
 
     def _fastpath_applies(self, x: torch.Tensor) -> bool:
         """The fused kernel (the one nn.TransformerEncoderLayer uses) runs the whole block in one C++ call.

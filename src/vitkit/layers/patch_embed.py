@@ -1,7 +1,10 @@
 """Patch embedding: one shared linear map per P×P patch, written as a stride-P convolution."""
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
@@ -13,6 +16,45 @@ def to_2tuple(x) -> tuple[int, int]:
             raise ConfigError(f"expected an int or a (height, width) pair, got {x!r}")
         return int(x[0]), int(x[1])
     return int(x), int(x)
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel_resize_pinv(old: tuple[int, int], new: tuple[int, int], interpolation: str,
+                        antialias: bool) -> torch.Tensor:
+    """pinv(R) [oh*ow, nh*nw] of the resize matrix R [nh*nw, oh*ow] that maps a flattened old-size patch to the
+    image resize of it. Cached: a few sizes at most are asked for, and training asks again every step."""
+    n_old = old[0] * old[1]
+    basis = torch.eye(n_old).reshape(n_old, 1, *old)  # each old pixel alone: the columns of R
+    resized = F.interpolate(basis, size=new, mode=interpolation, antialias=antialias, align_corners=False)
+    resize = resized.reshape(n_old, new[0] * new[1]).T  # [nh*nw, oh*ow]
+    return torch.linalg.pinv(resize.double()).float()  # float64: the least-squares solve is better conditioned
+
+
+def resample_patch_kernel(kernel: torch.Tensor, new_size, interpolation: str = "bicubic",
+                          antialias: bool = True) -> torch.Tensor:
+    """[D, C, ph, pw] patch filters -> [D, C, ph', pw'] that give a patch resized to the new size (as the image
+    is) the response the old filters gave the original patch: FlexiViT's pseudo-inverse resize (Beyer et al.
+    2023). With R the resize matrix, w' = argmin |R^T w' - w| (min-norm): <R x, w'> = <x, w> exactly when
+    upsampling, as near as it can be when downsampling. bicubic + antialias is timm's default for this."""
+    new = to_2tuple(new_size)
+    old = (int(kernel.shape[-2]), int(kernel.shape[-1]))
+    if old == new:
+        return kernel
+    pinv = _kernel_resize_pinv(old, new, interpolation, antialias).to(kernel.device)  # [oh*ow, nh*nw]
+    flat = kernel.reshape(*kernel.shape[:2], old[0] * old[1]).float()  # [D, C, oh*ow]
+    return (flat @ pinv).reshape(*kernel.shape[:2], *new).to(kernel.dtype)  # [D, C, nh, nw]
+
+
+def kept_original(current: torch.Tensor, original: torch.Tensor | None, derive) -> torch.Tensor:
+    """The tensor a resize starts from: `original` while `current` is still what `derive(original)` makes of it
+    (so resizing never compounds: 16 -> 8 -> 16 gives the original back), else `current` (it was trained or
+    loaded since, and is now the model's own)."""
+    if original is not None and original.dtype == current.dtype:
+        with torch.no_grad():
+            made = derive(original)
+        if made.shape == current.shape and torch.equal(made, current):
+            return original
+    return current.detach()
 
 
 class PatchGrid:
@@ -45,7 +87,32 @@ class PatchEmbed(PatchGrid, nn.Module):
         self.in_chans = in_chans
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
         self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
+        # the kernel other patch sizes are resampled from (a loaded or trained one, never a resampled one);
+        # not saved: a file holds the kernel at its own patch size
+        self.register_buffer("original_kernel", None, persistent=False)
         self.set_img_size(img_size)
+
+    def set_patch_size(self, patch_size, img_size=None) -> None:
+        """Cut `patch_size`-pixel patches from now on: the kernel is resampled (`resample_patch_kernel`) from the
+        original one; the grid follows, at `img_size` (default: the current one; the caller checks it divides)."""
+        new = to_2tuple(patch_size)
+        weight = self.proj.weight
+        original = kept_original(weight, self.original_kernel, lambda w: resample_patch_kernel(w, self.patch_size))
+        with torch.no_grad():
+            proj = nn.Conv2d(self.in_chans, weight.shape[0], kernel_size=new, stride=new,
+                             bias=self.proj.bias is not None, device=weight.device, dtype=weight.dtype)
+            proj.weight.copy_(resample_patch_kernel(original, new))
+            if self.proj.bias is not None:
+                proj.bias.copy_(self.proj.bias)
+        proj.weight.requires_grad_(weight.requires_grad)
+        if proj.bias is not None:
+            proj.bias.requires_grad_(self.proj.bias.requires_grad)
+        self.proj, self.patch_size, self.original_kernel = proj, new, original
+        self.set_img_size(self.img_size if img_size is None else img_size)
+
+    def keep_original_kernel(self, kernel: torch.Tensor) -> None:
+        """A checkpoint's kernel at another patch size, being loaded resampled: remembered as the original."""
+        self.original_kernel = kernel.detach().to(self.proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != self.in_chans:

@@ -22,6 +22,9 @@ class ModelConfig(JsonConfig):
     def replace(self, **overrides: Any):
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
+        if "merge" in unknown:  # the option exists, on the models that have tokens to merge
+            raise ConfigError(f"merge={overrides['merge']!r}: token merging (ToMe) needs a ViT's patch tokens; a "
+                              f"{self._what} has no merge option (valid: merge=0 to half the patches, on a ViT)")
         if unknown:
             raise ConfigError(f"unknown model option(s) {unknown} for a {self._what}; valid options: "
                               f"{', '.join(sorted(known))}")
@@ -89,6 +92,9 @@ class ViTConfig(ModelConfig):
     # how the stored position table is resized to a new grid (load time and run time)
     pos_interpolation: str = "bicubic"
     pos_antialias: bool = True
+    # token merging (ToMe, layers/tome.py): each block merges this many tokens after its attention (0: none;
+    # a run-time setting on any checkpoint, not an architecture: no weight depends on it)
+    merge: int = 0
 
     def __post_init__(self):
         if isinstance(self.img_size, int):
@@ -126,11 +132,21 @@ class ViTConfig(ModelConfig):
              f"embed_dim {self.embed_dim} is not divisible by the attention pool's {pool_heads} heads")
         for side in self.img_size:
             need(side > 0 and side % self.patch_size == 0,
-                 f"img_size {self.img_size[0]}x{self.img_size[1]} is not divisible by patch size {self.patch_size}")
+                 f"img_size {self.img_size[0]}x{self.img_size[1]} is not divisible by patch size {self.patch_size}; "
+                 "patch sizes that divide it: " + ", ".join(str(d) for d in range(1, min(self.img_size) + 1)
+                                                            if not self.img_size[0] % d and not self.img_size[1] % d))
         need(not (self.global_pool == "token" and not self.class_token),
              "global_pool='token' needs a class token; use global_pool='avg' or class_token=True")
         need(not (self.distilled and not self.class_token), "a distilled model needs a class token")
         need(not (self.is_sincos and self.embed_dim % 4), "sincos position embedding needs embed_dim % 4 == 0")
+        if self.merge != 0:
+            from ..layers.tome import check_merge
+
+            check_merge(self.merge, self.grid_size[0] * self.grid_size[1])
+            # merged tokens have no single position: rotary and relative-position terms need one per token
+            need(self.rope == "none" and self.rel_pos == "none",
+                 f"merge={self.merge}: token merging needs positions added once (a position table); a model with "
+                 "rotary or relative position terms cannot merge tokens (valid: merge=0)")
 
     @property
     def is_sincos(self) -> bool:

@@ -27,7 +27,8 @@ from ..layers import (
     resample_pos_embed,
     sincos_2d_pos_embed,
 )
-from ..layers.patch_embed import adapt_in_chans, to_2tuple
+from ..layers.patch_embed import adapt_in_chans, kept_original, resample_patch_kernel, to_2tuple
+from ..layers.tome import merge_schedule
 from .config import ViTConfig, default_preprocess
 from .features import check_output_fmt, feature_take_indices
 
@@ -39,7 +40,7 @@ class VisionTransformer(nn.Module):
     DINOv2 do); the config stores the names, so a checkpoint rebuilds the same model."""
 
     head_names = ("head", "head_dist")  # classifier modules (re-initialised for new classes, own LR)
-    capabilities = frozenset({"attention_maps", "pos_resample", "intermediates", "token_seam"})
+    capabilities = frozenset({"attention_maps", "pos_resample", "patch_resample", "intermediates", "token_seam"})
     output_fmts = ("NCHW", "NLC")  # what forward_intermediates gives (models/features.py)
 
     def __init__(self, cfg: ViTConfig | None = None, *, embed_layer=None, mlp_layer=None, preprocess=None,
@@ -74,6 +75,9 @@ class VisionTransformer(nn.Module):
             self.pos_embed = None
         else:
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D), requires_grad=cfg.pos_embed == "learn")
+        # the learned table other grids are resampled from (as loaded or trained, never a resampled one; not saved)
+        self.register_buffer("original_pos", None, persistent=False)
+        self._original_pos_grid, self._original_pos_how = None, None
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.norm_pre = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
         self.rope = None if cfg.rope == "none" else Rope2d(
@@ -228,20 +232,59 @@ class VisionTransformer(nn.Module):
                     global_pool=c.global_pool, fc_norm=c.fc_norm, no_embed_class=not c.prefix_pos,
                     reg_tokens=c.num_reg_tokens, pre_norm=c.pre_norm, final_norm=c.final_norm)
 
-    def set_input_size(self, img_size=None, interpolation: str | None = None, antialias: bool | None = None) -> None:
-        """Change the native resolution. A learned table is resampled (prefix rows untouched), a sin-cos
-        table regenerated for the new grid: the same rule as a forward at another size."""
-        if img_size is None:
+    def set_input_size(self, img_size=None, patch_size: int | None = None, interpolation: str | None = None,
+                       antialias: bool | None = None) -> None:
+        """Change the native resolution and/or the patch size. A new patch size resamples the patch kernel
+        (FlexiViT's pseudo-inverse resize, layers.patch_embed); a learned position table is resampled to the new
+        grid (prefix rows untouched), a sin-cos one regenerated: the same rule as a forward at another size.
+        Both start from the model's original kernel and table (as loaded or trained), never from a resampled
+        one, so 16 -> 8 -> 16 gives the original model back exactly."""
+        if img_size is None and patch_size is None:
             return
-        img_size = to_2tuple(img_size)
-        new_grid = self.patch_embed.grid_for(*img_size)
-        with torch.no_grad():
-            table = None if self.pos_embed is None else self._pos_table(new_grid, interpolation, antialias)
-        self.patch_embed.set_img_size(img_size)
-        self.cfg = self.cfg.replace(img_size=img_size)
+        img_size = self.cfg.img_size if img_size is None else to_2tuple(img_size)
+        changes = {"img_size": img_size}
+        if patch_size is not None and patch_size != self.cfg.patch_size:
+            if not hasattr(self.patch_embed, "set_patch_size"):
+                raise self._fixed_patch_error(f"({self.cfg.patch_size} px: the backbone's stride sets it)")
+            changes["patch_size"] = int(patch_size)
+        cfg = self.cfg.replace(**changes)  # refuses a patch size the image does not divide, naming the valid ones
+        new_grid = cfg.grid_size if "patch_size" in changes else self.patch_embed.grid_for(*img_size)
+        with torch.no_grad():  # from the current grid: before the embedding changes
+            table = None if self.pos_embed is None else self._pos_table_from_original(new_grid, interpolation,
+                                                                                       antialias)
+        if "patch_size" in changes:
+            self.patch_embed.set_patch_size(cfg.patch_size, img_size)
+            self._note_patch_origin(self.patch_embed.original_kernel)
+        else:
+            self.patch_embed.set_img_size(img_size)
+        self.cfg = cfg
         self.preprocess = dataclasses.replace(self.preprocess, input_size=(self.cfg.in_chans, *img_size))
         if table is not None:
             self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+
+    def _pos_table_from_original(self, grid: tuple[int, int], interpolation: str | None,
+                                 antialias: bool | None) -> torch.Tensor:
+        """The table for `grid`, resampled from the original table (`kept_original`), which is remembered."""
+        how = (interpolation or self.cfg.pos_interpolation, self.cfg.pos_antialias if antialias is None else antialias)
+        if self.cfg.is_sincos:
+            return self._pos_table(grid, *how)
+        original, original_grid = self.original_pos, self._original_pos_grid
+        if original is not None and self._original_pos_how != how:
+            original = None  # made another way: the current table is the one to start from
+
+        def derive(table):  # the original made into the current grid's table
+            return resample_pos_embed(table, self.patch_embed.grid_size, original_grid, self._pos_prefix, *how)
+
+        kept = kept_original(self.pos_embed, original, derive)
+        if kept is not original:
+            original_grid = self.patch_embed.grid_size
+        self.keep_original_pos(kept, original_grid, how)
+        return resample_pos_embed(kept, grid, original_grid, self._pos_prefix, *how)
+
+    def keep_original_pos(self, table: torch.Tensor, grid: tuple[int, int], how: tuple[str, bool]) -> None:
+        """Remember the table other grids are resampled from: its grid and how it is resampled."""
+        self.original_pos = table.detach().to(self.pos_embed)
+        self._original_pos_grid, self._original_pos_how = tuple(grid), tuple(how)
 
     def adapt_checkpoint(self, sd: dict[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
         """A state dict in this family's names -> one that fits this model's grid and channels: a learned
@@ -267,8 +310,11 @@ class VisionTransformer(nn.Module):
                 sd["pos_embed"] = torch.cat([src[:, : self._pos_prefix], grid], dim=1)
                 how = "regenerated (sin-cos)"
             else:
+                src = src.to(own)
+                how = (self.cfg.pos_interpolation, self.cfg.pos_antialias)
                 sd["pos_embed"] = resample_pos_embed(src, self.patch_embed.grid_size, (side, side), self._pos_prefix,
-                                                     self.cfg.pos_interpolation, self.cfg.pos_antialias)
+                                                     *how)
+                self.keep_original_pos(src, (side, side), how)  # a later set_input_size starts from the file's
                 how = "resampled"
             # said by default, as a re-initialised head is: the model now runs at another resolution
             log.warning("%s: position embeddings %s %dx%d -> %dx%d for %dx%d px", source, how, side, side,
@@ -277,11 +323,35 @@ class VisionTransformer(nn.Module):
         own_w = self.patch_embed.proj.weight
         if (w is not None and w.ndim == 4 and w.shape[1] != own_w.shape[1] and w.shape[0] == own_w.shape[0]
                 and w.shape[2:] == own_w.shape[2:]):
-            sd["patch_embed.proj.weight"] = adapt_in_chans(w, own_w.shape[1])
             log.info("%s: adapted %d-channel patch embedding to %d channels", source, w.shape[1], own_w.shape[1])
+            sd["patch_embed.proj.weight"] = w = adapt_in_chans(w, own_w.shape[1])
+        if w is not None and w.ndim == 4 and w.shape[:2] == own_w.shape[:2] and w.shape[2:] != own_w.shape[2:]:
+            if not hasattr(self.patch_embed, "keep_original_kernel"):
+                raise self._fixed_patch_error(f"(the checkpoint's is {w.shape[2]}x{w.shape[3]} on the stem's map: "
+                                              "load it at its own patch size)", source)
+            # another patch size (create/load with patch_size=P): FlexiViT's resample of the file's kernel
+            w = w.to(own_w)
+            sd["patch_embed.proj.weight"] = resample_patch_kernel(w, own_w.shape[2:])
+            self.patch_embed.keep_original_kernel(w)
+            self._note_patch_origin(w)
+            log.warning("%s: patch kernel resampled %dx%d -> %dx%d (pseudo-inverse resize)", source, *w.shape[2:],
+                        *own_w.shape[2:])
         if hasattr(self.patch_embed, "adapt_state_dict"):  # a hybrid's CNN stem: its first conv's channels
             sd = self.patch_embed.adapt_state_dict(sd, "patch_embed.")
         return sd
+
+    def _note_patch_origin(self, original: torch.Tensor) -> None:
+        """Provenance says which patch size the kernel was resampled from (none when it is the original's)."""
+        size = tuple(original.shape[-2:])
+        if size == tuple(self.patch_embed.proj.weight.shape[-2:]):
+            self.provenance.pop("patch_resampled_from", None)
+        else:
+            self.provenance["patch_resampled_from"] = size[0] if size[0] == size[1] else list(size)
+
+    def _fixed_patch_error(self, why: str, source: str | None = None) -> ConfigError:
+        where = f"{source}: " if source else ""
+        return ConfigError(f"{where}a model with the {self.cfg.embed_layer!r} embedding (a CNN stem) cannot change "
+                           f"its patch size {why}")
 
     @property
     def _pos_prefix(self) -> int:
@@ -395,18 +465,29 @@ class VisionTransformer(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward_features(self, x: torch.Tensor, return_attn: bool = False, *, keep: torch.Tensor | None = None,
-                         mask: torch.Tensor | None = None, pos: torch.Tensor | None = None):
+                         mask: torch.Tensor | None = None, pos: torch.Tensor | None = None,
+                         return_sizes: bool = False):
         """Image -> normalised tokens [B, P + N, D] (`keep`, `mask`, `pos`: see `prepare_tokens`). With
         `return_attn`, also the list of per-block attention probabilities [B, H, T, T] (computed on the
-        eager path for this call only)."""
+        eager path for this call only). With token merging (`cfg.merge`, layers/tome.py) fewer tokens come out;
+        `return_sizes` also returns how many patches each stands for [B, T, 1] (None without merging)."""
         grid = self.patch_embed.grid_for(x.shape[-2], x.shape[-1]) if self._grid_aware else None
         rope = None if self.rope is None else self.rope_table(grid, keep, x.device)
         biases = self._block_biases(grid, keep)
         x = self.prepare_tokens(x, keep=keep, mask=mask, pos=pos)
-        attns = []
+        attns, sizes = [], None
+        merged = merge_schedule(x.shape[1], self.num_prefix_tokens, self.cfg.merge, len(self.blocks)) \
+            if self.cfg.merge else None  # tokens each block merges (ToMe); the config refuses rope / rel_pos
         for i, blk in enumerate(self.blocks):
             r, b = self.block_rope(rope, i), biases[i]
-            if return_attn:
+            if merged is not None:
+                args = (x, sizes, merged[i], self.num_prefix_tokens, return_attn)
+                if self.grad_checkpointing and torch.is_grad_enabled() and not return_attn:
+                    x, sizes, a = checkpoint(blk.forward_merging, *args, use_reentrant=False)
+                else:
+                    x, sizes, a = blk.forward_merging(*args)
+                attns.append(a)
+            elif return_attn:
                 x, a = blk(x, return_attn=True, rope=r, bias=b)
                 attns.append(a)
             elif self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
@@ -414,21 +495,28 @@ class VisionTransformer(nn.Module):
             else:
                 x = blk(x, rope=r, bias=b)
         x = self.norm(x)
-        return (x, attns) if return_attn else x
+        out = (x, attns) if return_attn else (x,)
+        return (*out, sizes) if return_sizes else (out if return_attn else x)
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
+    def pool(self, x: torch.Tensor, sizes: torch.Tensor | None = None) -> torch.Tensor:
         """[B, T, D] -> [B, D] by the configured pooling: the class token, or mean / max / MAP over the patch tokens
-        (over all tokens with `pool_include_prefix`, as timm's EVA-family models pool)."""
+        (over all tokens with `pool_include_prefix`, as timm's EVA-family models pool). `sizes` [B, T, 1] of merged
+        tokens weight the mean (ToMe's MAE pooling: each token counts for the patches it stands for)."""
         if self.cfg.global_pool == "token":
             return x[:, 0]
-        tokens = x if self.cfg.pool_include_prefix else x[:, self.num_prefix_tokens:]
+        start = 0 if self.cfg.pool_include_prefix else self.num_prefix_tokens
+        tokens = x[:, start:]
         if self.attn_pool is not None:
             return self.attn_pool(tokens)
+        if self.cfg.global_pool == "avg" and sizes is not None:
+            weights = sizes[:, start:]  # [B, T', 1]
+            return (tokens * weights).sum(dim=1) / weights.sum(dim=1)
         return tokens.mean(dim=1) if self.cfg.global_pool == "avg" else tokens.amax(dim=1)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
-        """Tokens [B, T, D] -> logits [B, K] (or pooled features [B, D'] with `pre_logits=True`)."""
-        feats = self.pre_logits(self.fc_norm(self.pool(x)))
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, sizes: torch.Tensor | None = None):
+        """Tokens [B, T, D] -> logits [B, K] (or pooled features [B, D'] with `pre_logits=True`); `sizes`: of merged
+        tokens (`forward_features(..., return_sizes=True)`), for mean pooling."""
+        feats = self.pre_logits(self.fc_norm(self.pool(x, sizes)))
         if self.head_dist is None:
             return feats if pre_logits else self.head(self.head_drop(feats))
         dist = self.pre_logits(self.fc_norm(x[:, 1]))  # the distillation token's features
@@ -445,10 +533,11 @@ class VisionTransformer(nn.Module):
         of `forward_features` instead: objectives that train on tokens (MAE, DINOv2) call the model this way,
         so a DDP-wrapped or compiled model works the same. `keep`, `mask`, `pos`: see `prepare_tokens`."""
         if return_attn:
-            feats, attns = self.forward_features(x, return_attn=True, keep=keep, mask=mask, pos=pos)
-            return (feats if features else self.forward_head(feats)), attns
-        feats = self.forward_features(x, keep=keep, mask=mask, pos=pos)
-        return feats if features else self.forward_head(feats)
+            feats, attns, sizes = self.forward_features(x, return_attn=True, keep=keep, mask=mask, pos=pos,
+                                                        return_sizes=True)
+            return (feats if features else self.forward_head(feats, sizes=sizes)), attns
+        feats, sizes = self.forward_features(x, keep=keep, mask=mask, pos=pos, return_sizes=True)
+        return feats if features else self.forward_head(feats, sizes=sizes)
 
     @property
     def feature_info(self) -> list[dict]:
@@ -477,6 +566,9 @@ class VisionTransformer(nn.Module):
         taken (the final tokens are then that block's, normed, as timm's).
         """
         check_output_fmt(output_fmt, self.output_fmts)
+        if self.cfg.merge:
+            raise ConfigError(f"merge={self.cfg.merge}: dense features (forward_intermediates) need every patch token; "
+                              "build or load the model with merge=0 for them")
         take, last = feature_take_indices(len(self.blocks), indices)
         gh, gw = self.patch_embed.grid_for(x.shape[-2], x.shape[-1])
         rope = self.rope_table((gh, gw), device=x.device)
