@@ -265,3 +265,11 @@ def test_vitkit_train_task_detect_on_canvas_digits_boxes_writes_a_run_with_map(t
     assert (out / "best.safetensors").exists() and (out / "detection_head.safetensors").exists()
     results = json.loads((out / "predictions.json").read_text())
     assert results and set(results[0]) == {"image_id", "category_id", "bbox", "score"}
+
+
+def test_eval_refuses_a_detection_set_in_one_line(capsys):
+    from vitkit.cli.main import main
+
+    assert main(["eval", "bundled:fashion-mnist", "--data", "canvas-digits-boxes"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "detection dataset" in err[0] and "task=detect" in err[0]

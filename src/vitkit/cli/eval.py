@@ -67,7 +67,7 @@ def _protocols(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from ..data.builtin import SEGMENTATION, dataset_task
+    from ..data.builtin import DETECTION, SEGMENTATION, dataset_task
     from ..data.datasets import same_data
     from ..inference import evaluate_on, training_data
 
@@ -82,11 +82,13 @@ def run(args) -> int:
         data = "digits"
         note_once(f"{args.checkpoint} does not record the data it was trained on: evaluating on digits "
                   "(pass --data digits | fashion-mnist | FOLDER | MANIFEST.csv)")
-    if dataset_task(data) == SEGMENTATION:  # per-pixel masks, not one label per image
+    if dataset_task(data) in (SEGMENTATION, DETECTION):  # masks or boxes, not one label per image
         from ..errors import ConfigError
 
-        raise ConfigError(f"{data} is a segmentation dataset (per-pixel masks): vitkit eval scores classifiers; "
-                          "a task=segment run reports its mIoU and pixel accuracy in its report.md")
+        kind, task, metrics = (("segmentation", "segment", "mIoU and pixel accuracy") if dataset_task(data) == SEGMENTATION
+                               else ("detection", "detect", "COCO mAP"))
+        raise ConfigError(f"{data} is a {kind} dataset: vitkit eval scores classifiers; a task={task} run reports "
+                          f"its {metrics} in its report.md")
     same = args.data is None or same_data(args.data, trained["data"])  # the run's own data: split as it was
     seed = args.seed if args.seed is not None else (trained["seed"] if same and trained["seed"] is not None else 0)
     val_fraction = (trained["val_fraction"] if same else None) or 0.0

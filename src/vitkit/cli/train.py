@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("--patch-size", type=positive_int, metavar="P", help="train at P-pixel patches; with --finetune "
                    "the checkpoint's patch kernel is resampled to P (FlexiViT's pseudo-inverse resize) and its "
                    "position grid follows (the same as --set model.patch_size=P)")
-    p.add_argument("--task", help="training objective: classification, distillation, mae, dino or segment "
+    p.add_argument("--task", help="training objective: classification, distillation, mae, dino, segment or detect "
                    "(the same as --set task=NAME)")
     p.add_argument("--teacher", metavar="CKPT|recipe:NAME", help="distillation teacher: a checkpoint, or a preset "
                    "trained first (the same as --set task.teacher=...)")
