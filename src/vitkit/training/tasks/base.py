@@ -144,6 +144,19 @@ class Task(nn.Module):
             module.load_state_dict(parts[name])
 
 
+def refuse_moving_augmentation(recipe, task: str, target: str) -> None:
+    """Random geometric augmentation (RandomResizedCrop, padding crops, flips, RandAugment) moves the image but not
+    a dense target (a mask, boxes): refused in one line naming the switches that turn it off."""
+    from ...errors import ConfigError
+
+    moves = [m for m, on in (("crop=rrc", recipe.crop == "rrc"), ("crop=pad", recipe.crop == "pad" and recipe.crop_padding),
+                             (f"hflip={recipe.hflip}", recipe.hflip),
+                             (f"auto_augment={recipe.auto_augment}", recipe.auto_augment)) if on]
+    if moves:
+        raise ConfigError(f"task={task}: {', '.join(moves)} would move the image but not its {target}; run with "
+                          "--set crop=none --set hflip=0 --set auto_augment=none")
+
+
 def loggable(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """The loggable metrics of a task's evaluation (numbers; "score" is kept apart: it picks the best)."""
     return {prefix + k: v for k, v in metrics.items()

@@ -26,7 +26,7 @@ from torch import nn
 from ...errors import ConfigError
 from ...models.detection import DETECTORS, build_detector
 from ...typed_config import JsonConfig
-from .base import Task
+from .base import Task, refuse_moving_augmentation
 
 
 @dataclass
@@ -43,15 +43,6 @@ class DetectOptions(JsonConfig):
                 or self.detections < 1:
             raise ConfigError(f"task.detector must be one of {', '.join(DETECTORS)}, task.dim a multiple of 32, "
                               "task.score_thresh in [0, 1), task.detections >= 1")
-
-
-def _check_geometry(recipe) -> None:
-    moves = [m for m, on in (("crop=rrc", recipe.crop == "rrc"), ("crop=pad", recipe.crop == "pad" and recipe.crop_padding),
-                             (f"hflip={recipe.hflip}", recipe.hflip), (f"auto_augment={recipe.auto_augment}",
-                                                                       recipe.auto_augment)) if on]
-    if moves:
-        raise ConfigError(f"task=detect: {', '.join(moves)} would move the image but not its boxes; run with "
-                          "--set crop=none --set hflip=0 --set auto_augment=none")
 
 
 def eval_box_map(size_hw: tuple[int, int], pre) -> tuple[float, float, float, float]:
@@ -153,7 +144,7 @@ class DetectTask(Task):
 
     def __init__(self, recipe, model, **kw):
         super().__init__(recipe, model, **kw)
-        _check_geometry(recipe)
+        refuse_moving_augmentation(recipe, "detect", "boxes")
         self.opts = o = DetectOptions.from_dict(recipe.task_args)
         self.detector = build_detector(self.model, self.num_classes, o.detector, o.dim, score_thresh=o.score_thresh,
                                        detections_per_img=o.detections).to(self.device)

@@ -25,7 +25,7 @@ from torch import nn
 from ...errors import ConfigError
 from ...models.segmentation import SegmentationHead, backbone_maps
 from ...typed_config import JsonConfig
-from .base import Task
+from .base import Task, refuse_moving_augmentation
 
 
 @dataclass
@@ -39,21 +39,6 @@ class SegmentOptions(JsonConfig):
     def __post_init__(self):
         if self.dim < 4 or not 0 <= self.dropout < 1 or self.overlays < 0:
             raise ConfigError("task.dim must be >= 4, task.dropout in [0, 1), task.overlays >= 0")
-
-
-def _check_geometry(recipe) -> None:
-    moves = []
-    if recipe.crop == "rrc":
-        moves.append("crop=rrc")
-    if recipe.crop == "pad" and recipe.crop_padding:
-        moves.append("crop=pad")
-    if recipe.hflip:
-        moves.append(f"hflip={recipe.hflip}")
-    if recipe.auto_augment:
-        moves.append(f"auto_augment={recipe.auto_augment}")
-    if moves:
-        raise ConfigError(f"task=segment: {', '.join(moves)} would move the image but not its mask; run with "
-                          "--set crop=none --set hflip=0 --set auto_augment=none")
 
 
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
@@ -83,7 +68,7 @@ class SegmentTask(Task):
 
     def __init__(self, recipe, model, **kw):
         super().__init__(recipe, model, **kw)
-        _check_geometry(recipe)
+        refuse_moving_augmentation(recipe, "segment", "mask")
         self.opts = o = SegmentOptions.from_dict(recipe.task_args)
         self.head = SegmentationHead.for_backbone(self.model, self.num_classes, o.dim,
                                                   dropout=o.dropout).to(self.device)
