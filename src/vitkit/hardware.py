@@ -338,11 +338,13 @@ def this_machines_measurement(caps: Capabilities) -> dict | None:
     memory, never a failure."""
     import sys
 
+    if not measuring():  # the flag rules decide, whatever a cache holds
+        return None
     key = machine_key(caps)
     if key in _MEASURED_IN_MEMORY:
         return _MEASURED_IN_MEMORY[key]
     cached = cached_measurement(caps)
-    if cached is not None or not measuring():
+    if cached is not None:
         return cached
     print(f"vitkit: timing this machine's fast paths once (a few seconds; cached in {cache_file()}; "
           f"`vitkit doctor` shows them, {ENV_MEASURE}=0 skips this)", file=sys.stderr, flush=True)
