@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import VitkitError
 from ..models import Preprocess, get_family
+from .inference_only import InferenceOnly
 
 META_KEY = "vitkit"
 
@@ -139,14 +140,15 @@ def export_onnx(
             "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size, "opset": opset}
 
 
-class OnnxRunner:
+class OnnxRunner(InferenceOnly):
     """An exported vitkit model in ONNX Runtime, usable where predict/eval expect a model.
 
     `runner(images)` takes [B, C, H, W] as a numpy array or torch tensor and returns the logits [B, K]
     in the same kind. `preprocess`, `class_names`, `num_classes` and `cfg` come from the file's metadata.
     """
 
-    training = False
+    untrainable = "an ONNX model cannot be trained"
+    train_error = ExportError
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None):
         (ort,) = _import_onnx("onnxruntime")
@@ -177,18 +179,6 @@ class OnnxRunner:
             out = self.session.run(None, {self.input_name: images.detach().float().cpu().numpy()})[0]
             return torch.from_numpy(out)
         return self.session.run(None, {self.input_name: np.asarray(images, dtype=np.float32)})[0]
-
-    # the bits of nn.Module that predict/eval touch
-    def eval(self) -> OnnxRunner:
-        return self
-
-    def train(self, mode: bool = True) -> OnnxRunner:
-        if mode:
-            raise ExportError("an ONNX model cannot be trained")
-        return self
-
-    def to(self, *args, **kwargs) -> OnnxRunner:
-        return self
 
 
 def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike) -> Path:

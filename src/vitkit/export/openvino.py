@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models import Preprocess, get_family
+from .inference_only import InferenceOnly
 from .onnx import ExportError
 
 IR_XML, IR_BIN, META_FILE = "model.xml", "model.bin", "vitkit.json"
@@ -170,14 +171,15 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-class OpenVinoRunner:
+class OpenVinoRunner(InferenceOnly):
     """An OpenVINO IR folder compiled for the CPU, usable where predict/eval expect a model.
 
     `runner(images)` takes [B, C, H, W] as a numpy array or torch tensor and returns the logits [B, K] (or
     the pooled features [B, D] of a features folder) in the same kind. `preprocess`, `class_names`,
     `num_classes`, `cfg` and `provenance` come from vitkit.json."""
 
-    training = False
+    untrainable = "an OpenVINO model cannot be trained"
+    train_error = ExportError
 
     def __init__(self, folder: str | os.PathLike, precision: str = "fp32", threads: int | None = None):
         ov = import_openvino()
@@ -213,18 +215,6 @@ class OpenVinoRunner:
         x = images.detach().float().cpu().numpy() if as_tensor else np.asarray(images, dtype=np.float32)
         out = np.array(self.request.infer([x])[0], copy=True)  # the request reuses its output buffer
         return torch.from_numpy(out) if as_tensor else out
-
-    # the bits of nn.Module that predict/eval touch
-    def eval(self) -> OpenVinoRunner:
-        return self
-
-    def train(self, mode: bool = True) -> OpenVinoRunner:
-        if mode:
-            raise ExportError("an OpenVINO model cannot be trained")
-        return self
-
-    def to(self, *args, **kwargs) -> OpenVinoRunner:
-        return self
 
 
 def model_digest(model: nn.Module) -> str:

@@ -25,17 +25,18 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .inference_only import InferenceOnly
 
 BACKENDS = ("auto", "torch", "compile", "onnx", "openvino")
 PRECISIONS = ("auto", "fp32", "bf16")
 AUTO_CANDIDATES = ("torch", "openvino")  # what "auto" measures (compile's first call alone takes longer)
 
 
-class Runner:
+class Runner(InferenceOnly):
     """A model behind one call: `run(images)` -> logits (or features) [B, ...], as a torch tensor for a tensor
     input. Carries what predict/eval read of a model: preprocess, class_names, num_classes, cfg, provenance."""
 
-    training = False
+    untrainable = "a runner is for inference: train the model itself"
 
     def __init__(self, call: Callable, backend: str, precision: str, source: Any, features: bool):
         self._call, self.backend, self.precision, self.features = call, backend, precision, features
@@ -52,17 +53,6 @@ class Runner:
 
     def __repr__(self) -> str:
         return f"Runner(backend={self.backend!r}, precision={self.precision!r}, features={self.features})"
-
-    def eval(self) -> Runner:
-        return self
-
-    def train(self, mode: bool = True) -> Runner:
-        if mode:
-            raise ConfigError("a runner is for inference: train the model itself")
-        return self
-
-    def to(self, *args, **kwargs) -> Runner:
-        return self
 
 
 def runner(model_or_path, backend: str = "auto", precision: str = "auto", *, features: bool = False,
