@@ -267,3 +267,17 @@ def test_cli_export_needs_a_target_and_int8_needs_onnx(saved, tmp_path, capsys):
     assert rc == 2 and "--onnx OUT.onnx and/or --openvino DIR" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli(capsys, "export", saved / "m.safetensors", "--openvino", tmp_path / "ir", "--int8")
     assert rc == 2 and "apply to --onnx" in err and not (tmp_path / "ir").exists()
+
+
+def test_runners_released_in_any_order_leave_signals_working(pico_ir, fresh_python):
+    """Two runners released first-made-first (as garbage collection may), then a signal with a Python handler
+    (what SIGCHLD from a finished subprocess is to a DataLoader or a server): the process handles it. With one
+    Core per runner, the CPU plugin of the first-made Core unmapped the signal stack the thread was left on,
+    and this process died of a segmentation fault (the crash of the whole test suite that found it)."""
+    code = (f"import gc, os, signal\nfrom vitkit.export.openvino import OpenVinoRunner\n"
+            f"a, b = OpenVinoRunner({str(pico_ir)!r}), OpenVinoRunner({str(pico_ir)!r})\n"
+            "del a; gc.collect()\ndel b; gc.collect()\n"
+            "got = []\nsignal.signal(signal.SIGUSR1, lambda *_: got.append(1))\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\nprint('handled', len(got))\n")
+    run = fresh_python.run(code, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "handled 1", (run.returncode, run.stderr[-500:])

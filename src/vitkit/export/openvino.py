@@ -14,6 +14,7 @@ INFERENCE_NUM_THREADS, PERFORMANCE_HINT: LATENCY})`. bf16 runs only where the CP
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -48,6 +49,18 @@ def import_openvino():
         raise ExportError("--backend openvino and export --openvino need openvino, which is not installed: "
                           "pip install 'vitkit[openvino]'") from None
     return openvino
+
+
+@functools.cache
+def shared_core():
+    """The process's one `openvino.Core`, made on first use and kept until exit.
+
+    OpenVINO's CPU plugin (one per Core) swaps the creating thread's signal stack for its own and unmaps it when
+    the plugin is destroyed, putting back the stack it replaced. Two Cores released in the order they were made
+    (not last-in-first-out, as garbage collection may) leave the thread on an unmapped signal stack: the next
+    signal delivered to that thread with a Python handler (SIGCHLD, SIGTERM, ...) kills the process with a
+    segmentation fault. One Core that is never released cannot interleave."""
+    return import_openvino().Core()
 
 
 def openvino_version() -> str:
@@ -182,13 +195,13 @@ class OpenVinoRunner(InferenceOnly):
     train_error = ExportError
 
     def __init__(self, folder: str | os.PathLike, precision: str = "fp32", threads: int | None = None):
-        ov = import_openvino()
+        import_openvino()  # missing: the one line naming the extra comes before any other check
         self.path = Path(folder)
         if not self.path.is_dir():
             raise ExportError(f"{self.path}: no such OpenVINO folder (write one with `vitkit export CKPT --openvino DIR`)")
         self.meta = meta = read_meta(self.path)
         self.precision = check_precision(precision)
-        core = ov.Core()
+        core = shared_core()
         config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision],
                   "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()), "PERFORMANCE_HINT": "LATENCY"}
         try:
