@@ -60,10 +60,22 @@ def _torchvision_mobilenet(tmp_path):
     return torchvision.models.mobilenet_v3_small(num_classes=5).state_dict()
 
 
+def _timm_mobilevit(tmp_path):
+    with torch.device("meta"):
+        return timm.create_model("mobilevit_xxs", num_classes=5).state_dict()
+
+
+def _hf_mobilevit(tmp_path):
+    from test_mobilevit import _hf_v2
+
+    return _hf_v2()[1].state_dict()
+
+
 # a real foreign checkpoint of each layout whose family reads no config off weights (a state dict or a path);
 # a new layout of such a family needs one here, or its family an infer_config
 FOREIGN_SAMPLES = {"swin": _swin, "mae": _mae, "hf-vitmae-pretraining": _hf_mae_folder, "openai-clip": _clip_pair,
-                   "dino": _dino, "torchvision-mobilenet-v3": _torchvision_mobilenet}
+                   "dino": _dino, "torchvision-mobilenet-v3": _torchvision_mobilenet, "timm-mobilevit": _timm_mobilevit,
+                   "hf-mobilevit": _hf_mobilevit}
 
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=lambda lay: lay.name)

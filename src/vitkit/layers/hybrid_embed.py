@@ -189,9 +189,9 @@ class ConvNormAct(nn.Module):
     """conv -> BatchNorm -> activation; keys `conv`, `bn` as timm's ConvNormAct. `norm=False`: the conv only."""
 
     def __init__(self, in_chs: int, out_chs: int, kernel_size: int, stride: int, padding: int, act: type[nn.Module],
-                 norm: bool = True, bias: bool = False):
+                 norm: bool = True, bias: bool = False, groups: int = 1):
         super().__init__()
-        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride=stride, padding=padding, bias=bias)
+        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride=stride, padding=padding, bias=bias, groups=groups)
         self.bn = nn.BatchNorm2d(out_chs) if norm else nn.Identity()
         self.act = act() if norm else nn.Identity()
 

@@ -70,7 +70,9 @@ def make_act(name: str) -> nn.Module:
         return nn.GELU(approximate="tanh")
     if name == "quick_gelu":
         return QuickGELU()
-    raise ConfigError(f"unknown activation {name!r}; choose gelu, gelu_tanh or quick_gelu")
+    if name == "silu":  # MobileViT's transformer MLPs
+        return nn.SiLU()
+    raise ConfigError(f"unknown activation {name!r}; choose gelu, gelu_tanh, quick_gelu or silu")
 
 
 class Mlp(nn.Module):

@@ -1,5 +1,5 @@
 """Model families behind one registry. Importing this package registers every family and its names."""
-from . import clip, dino, hybrid, mae, mobilenet, resnet, swin, vit_variants  # noqa: F401  (registers the families and names)
+from . import clip, dino, hybrid, mae, mobilenet, mobilevit, resnet, swin, vit_variants  # noqa: F401  (registers the families and names)
 from .config import ModelConfig, Preprocess, ViTConfig
 from .protocol import VitkitModel, require
 from .registry import FAMILIES, get_entry, get_family, list_models, model_config, register_family, register_model

@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     clip_text,
     dino,
     dinov2,
+    hf_mobilevit,
     hf_transformers,
     hybrid,
     jax_npz,
