@@ -28,8 +28,12 @@ data:
 demo: setup
 	$(PY) -m vitkit.demo
 
+# Each test process runs torch on one thread (tests/conftest.py), so the suite runs one worker per core (at
+# most 4: each worker holds its own torch); a test file stays on one worker, so its module fixtures are made once.
+TEST_WORKERS ?= $(shell python3 -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))' 2>/dev/null || echo 2)
+
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -125,7 +125,8 @@ def test_eval_zeroshot_on_digits(capsys, tmp_path):
     assert res["confusion"] == confusion.tolist()
 
 
-def test_bad_input_is_one_line(pair, capsys, tmp_path):
+def test_bad_input_is_one_line(pair, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # the table folds a long path (a deep tmp folder) across lines
     d, _, path = pair
     photo = d / "coffee.png"
     bad = tmp_path / "templates.txt"

@@ -75,9 +75,10 @@ class DataBundle:
         return len(self.class_names)
 
     def set_channels(self, channels: int) -> None:
-        """File datasets decode straight into the model's channel count."""
+        """Datasets decoded on access (files, shards: those with `channels`) decode straight into the model's
+        channel count."""
         for ds in (self.train, self.val, self.test):
-            if isinstance(ds, FileImages):
+            if hasattr(ds, "channels"):
                 ds.channels = channels
 
     def summary(self) -> dict[str, Any]:

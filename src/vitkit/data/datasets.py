@@ -75,11 +75,18 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bool = False,
-              channels: int = 3, allow_download: bool = True, subset: int | None = None) -> DataBundle:
-    """Resolve `spec` (a built-in name, a folder or a CSV file) into train/val/test splits."""
+              channels: int = 3, allow_download: bool = True, subset: int | None = None,
+              options: dict[str, Any] | None = None) -> DataBundle:
+    """Resolve `spec` (a built-in name, a folder or a CSV file) into train/val/test splits. `options`: the data
+    source's own settings (`--set data.label_key=...`), checked against what the source's `load` accepts."""
     spec = str(spec)
+    source = claiming_source(spec)
+    options = source_options(source, spec, options or {})
     if (found := builtin_set(spec)) is not None:
         bundle = found[1].loader(seed, allow_download)
+    elif source is not None:
+        bundle = source.load(spec, seed=seed, strict=strict, channels=channels, allow_download=allow_download,
+                             **options)
     else:
         path = Path(spec).expanduser()
         if not path.exists():
@@ -101,6 +108,41 @@ def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bo
     if len(bundle.train) == 0:
         raise DataError(f"{spec}: no training images")
     return bundle
+
+
+# Data sources that live in their own files (a new format is a new file, not a branch here). Each module has
+# `claims(spec) -> bool` (cheap: a pattern, a suffix, a marker file) and
+# `load(spec, *, seed, strict, channels, allow_download) -> DataBundle`, whose bundle is named by the spec it was
+# loaded from (absolute paths), so a run's provenance reads back through `data_spec`. Asked in this order, after
+# the built-in names and before the folder / CSV / COCO rules below.
+SOURCE_MODULES = ("vitkit.data.shards", "vitkit.data.hf_datasets")
+
+
+def claiming_source(spec: str):
+    """The source module that reads `spec`, or None when the folder / CSV / COCO rules do."""
+    import importlib
+
+    for name in SOURCE_MODULES:
+        module = importlib.import_module(name)
+        if module.claims(spec):
+            return module
+    return None
+
+
+def source_options(source, spec: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` when `source` (a module of SOURCE_MODULES, or None) takes every one of them; else one line."""
+    if not options:
+        return {}
+    import inspect
+
+    standard = {"spec", "seed", "strict", "channels", "allow_download"}
+    known = [] if source is None else [n for n in inspect.signature(source.load).parameters if n not in standard]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        what = (f"its options are {', '.join('data.' + k for k in known)}" if known
+                else "only tar shards and Hugging Face datasets take data.* options")
+        raise ConfigError(f"--set data.{unknown[0]}: {spec} does not take this option ({what})")
+    return options
 
 
 def default_val_fraction(spec: str) -> float:
@@ -270,11 +312,11 @@ def eval_split(bundle: DataBundle, split: str | None = None) -> tuple[str, Datas
 
 def load_eval_split(data: str, *, channels: int, class_names: list[str] | None = None, split: str | None = None,
                     seed: int = 0, val_fraction: float = 0.0,
-                    strict: bool = False) -> tuple[DataBundle, str, Dataset]:
+                    strict: bool = False, options: dict[str, Any] | None = None) -> tuple[DataBundle, str, Dataset]:
     """What an evaluation scores -> (the whole data, the split's name, the split): `load_data` with the seed and
     validation fraction a training run used, the labels re-indexed onto `class_names` (a model's classes) when
     given, then `eval_split`. The one loader of `vitkit eval`, the frozen-feature probes and export's int8 report."""
-    bundle = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=channels)
+    bundle = load_data(data, seed=seed, val_fraction=val_fraction, strict=strict, channels=channels, options=options)
     if class_names:
         map_labels(bundle, class_names)
     name, ds = eval_split(bundle, split)

@@ -1,4 +1,5 @@
-"""What `vitkit embed` reads: an image folder, a CSV manifest or a built-in dataset, as one ordered list of items.
+"""What `vitkit embed` reads: an image folder, a CSV manifest, a built-in dataset or another data source of
+`load_data` (WebDataset tar shards), as one ordered list of items.
 
 Every item keeps a reference to where it came from, so a search hit always points at the original: the file's
 path for folders and manifests, `NAME:SPLIT/INDEX` for the built-in sets (they have no files). The order is a
@@ -8,7 +9,8 @@ rank see the same list, which the embedding plan checks by its hash.
 - folder: every image file below it (recursive, hidden entries skipped); the label is the name of the folder
   holding the file when that is not the root (`root/cat/1.jpg` -> `cat`, `root/train/cat/1.jpg` -> `cat`);
 - CSV manifest: `path[,label]` rows, header optional, paths relative to the CSV;
-- `digits`, `fashion-mnist`: the split asked for (`all`: train, then val, then test).
+- `digits`, `fashion-mnist`: the split asked for (`all`: train, then val, then test);
+- tar shards (data/shards.py): the same, each item named by its sample's WebDataset key.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data.datasets import BUILTIN, BUILTIN_ALIASES, load_data
+import torch
+
+from ..data.datasets import BUILTIN, BUILTIN_ALIASES, claiming_source, load_data
 from ..data.images import image_source, is_image_file, load_image
 from ..errors import DataError
 
@@ -34,7 +38,8 @@ class Source:
     kind: str  # folder | csv | dataset
     refs: list[str]
     labels: list[str | None]
-    datasets: dict[str, Any] = field(default_factory=dict)  # built-in: split -> TensorImages
+    datasets: dict[str, Any] = field(default_factory=dict)  # built-in or shards: split -> dataset
+    positions: list[tuple[str, int]] = field(default_factory=list)  # kind dataset: item i -> (split, index)
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -50,9 +55,15 @@ class Source:
         """-> (image: PIL image or uint8 tensor [C, H, W], {bytes, width, height}); raises ImageError."""
         ref = self.refs[i]
         if self.kind == "dataset":
-            split, index = ref.rsplit(":", 1)[1].split("/")
-            x, _ = self.datasets[split][int(index)]
-            return x, {"width": int(x.shape[-1]), "height": int(x.shape[-2])}
+            split, index = self.positions[i]
+            ds = self.datasets[split]
+            if hasattr(ds, "channels"):  # decoded on access (shards): in the model's channels, as files are
+                ds.channels = channels
+            x, _ = ds[index]
+            if isinstance(x, torch.Tensor):
+                return x, {"width": int(x.shape[-1]), "height": int(x.shape[-2])}
+            src = image_source(x)
+            return x, {"width": src[0], "height": src[1]} if src is not None else {}
         img = load_image(ref, channels)
         src = image_source(img)
         info = {"bytes": os.path.getsize(ref)}
@@ -66,7 +77,7 @@ def open_source(spec: str, split: str = "all") -> Source:
     spec = str(spec)
     if split not in SPLITS:
         raise DataError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if spec in BUILTIN_ALIASES:
+    if spec in BUILTIN_ALIASES or claiming_source(spec) is not None:  # a data source's splits (shards, ...)
         return _dataset(spec, split)
     path = Path(spec).expanduser()
     if not path.exists():
@@ -90,13 +101,15 @@ def _dataset(spec: str, split: str) -> Source:
     chosen = [s for s in ("train", "val", "test") if splits[s] is not None] if split == "all" else [split]
     if splits.get(chosen[0]) is None:
         raise DataError(f"{spec} has no {split} split (it has: {', '.join(s for s, d in splits.items() if d)})")
-    refs, labels, datasets = [], [], {}
+    refs, labels, datasets, positions = [], [], {}, []
     for s in chosen:
         ds = splits[s]
         datasets[s] = ds
-        refs += [f"{bundle.name}:{s}/{i}" for i in range(len(ds))]
+        # a built-in image has no name of its own: NAME:SPLIT/INDEX; a sample of shards keeps its key
+        refs += ([f"{bundle.name}:{s}/{i}" for i in range(len(ds))] if spec in BUILTIN_ALIASES else ds.keys())
         labels += [bundle.class_names[int(y)] for y in ds.labels]
-    return Source(spec, "dataset", refs, labels, datasets)
+        positions += [(s, i) for i in range(len(ds))]
+    return Source(spec, "dataset", refs, labels, datasets, positions)
 
 
 def _folder(root: Path) -> Source:

@@ -28,6 +28,7 @@ class Recipe(JsonConfig):
     data: str = "digits"
     val_fraction: float = 0.0  # >0: carve a seeded validation split out of train (best checkpoint chosen on it)
     train_subset: int | None = None  # train on a seeded stratified subset (quick experiments)
+    data_args: dict = field(default_factory=dict)  # the data source's options: --set data.label_key=cls
     # model
     model: str = "vit_pico_patch2_8"
     model_args: dict = field(default_factory=dict)  # architecture overrides, e.g. {"embed_dim": 128}
@@ -115,6 +116,9 @@ class Recipe(JsonConfig):
                 raise ConfigError(f"--set expects key=value, got {item!r}")
             if key.startswith("model."):  # architecture override: --set model.embed_dim=128
                 changes.setdefault("model_args", dict(self.model_args))[key[6:]] = _auto(text)
+                continue
+            if key.startswith("data."):  # data source option: --set data.image_key=img (shards, HF datasets)
+                changes.setdefault("data_args", dict(self.data_args))[key[5:]] = text.strip()
                 continue
             if key.startswith("task."):  # objective option: --set task.alpha=0.5
                 changes.setdefault("task_args", dict(self.task_args))[key[5:]] = _auto(text)
