@@ -1,5 +1,6 @@
-"""Attention pooling with a learned query (the MAP head of big_vision's SigLIP; timm's AttentionPoolLatent
-key names: latent, q, kv, proj, norm, mlp)."""
+"""Pooling heads: attention pooling with a learned query (the MAP head of big_vision's SigLIP; timm's
+AttentionPoolLatent key names: latent, q, kv, proj, norm, mlp), and the average-pool classifier of the feature-map
+families (timm's `head.fc`)."""
 from __future__ import annotations
 
 import torch
@@ -38,3 +39,18 @@ class AttentionPoolLatent(nn.Module):
         x = self.proj(x.transpose(1, 2).reshape(B, 1, D))
         x = x + self.mlp(self.norm(x))
         return x[:, 0]  # [B, D]
+
+
+class AvgPoolClassifier(nn.Module):
+    """Average pool over a feature map's spatial dims, dropout, `fc` (timm's `head.fc`): `spatial_dims` (2, 3)
+    for [B, C, H, W] maps, (1, 2) for [B, H, W, C] (Swin's NHWC)."""
+
+    def __init__(self, dim: int, num_classes: int, drop: float, spatial_dims: tuple[int, int] = (2, 3)):
+        super().__init__()
+        self.spatial_dims = spatial_dims
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
+
+    def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.drop(x.mean(dim=self.spatial_dims))  # [B, C]
+        return x if pre_logits else self.fc(x)

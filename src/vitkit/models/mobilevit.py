@@ -31,6 +31,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..layers.block import Block, DropPath
 from ..layers.hybrid_embed import ConvNormAct
+from ..layers.pooling import AvgPoolClassifier
 from .config import ModelConfig, Preprocess
 from .features import check_output_fmt, feature_take_indices
 from .registry import Pretrained, register_family, register_model
@@ -242,17 +243,6 @@ class MobileViTV2Block(nn.Module):
         return self.conv_proj(x)  # [B, C, H, W]
 
 
-class ClassifierHead(nn.Module):
-    """Average pool over H, W, dropout, `fc` (timm's `head.fc`)."""
-
-    def __init__(self, dim: int, num_classes: int, drop: float):
-        super().__init__()
-        self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
-
-    def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.drop(x.mean(dim=(2, 3)))  # [B, C]
-        return x if pre_logits else self.fc(x)
 
 
 class MobileViT(nn.Module):
@@ -286,7 +276,7 @@ class MobileViT(nn.Module):
         self.final_conv = _conv(prev, cfg.num_features) if cfg.num_features else nn.Identity()
         self.num_features = cfg.num_features or prev  # what forward_head(pre_logits=True) gives
         self.num_classes = cfg.num_classes
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, cfg.drop_rate)
+        self.head = AvgPoolClassifier(self.num_features, cfg.num_classes, cfg.drop_rate)
         self._init_weights()
         pre = preprocess or Preprocess((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), "bicubic", 0.9)
         self.preprocess = dataclasses.replace(pre, input_size=(cfg.in_chans, *cfg.img_size)).for_channels(cfg.in_chans)

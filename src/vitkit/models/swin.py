@@ -23,6 +23,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..layers.block import DropPath
 from ..layers.mlp import Linear, Mlp
+from ..layers.pooling import AvgPoolClassifier
 from ..layers.window_attention import (
     WindowAttention,
     resize_rel_pos_bias_table,
@@ -175,17 +176,6 @@ class SwinStage(nn.Module):
         return self.blocks(self.downsample(x))
 
 
-class ClassifierHead(nn.Module):
-    """Average pool over H, W (NHWC), dropout, `fc` (timm's `head.fc`)."""
-
-    def __init__(self, dim: int, num_classes: int, drop: float):
-        super().__init__()
-        self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
-
-    def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.drop(x.mean(dim=(1, 2)))
-        return x if pre_logits else self.fc(x)
 
 
 class SwinTransformer(nn.Module):
@@ -210,7 +200,7 @@ class SwinTransformer(nn.Module):
                       dpr[i].tolist(), downsample=i > 0)
             for i in range(n)])
         self.norm = nn.LayerNorm(self.num_features)
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, cfg.drop_rate)
+        self.head = AvgPoolClassifier(self.num_features, cfg.num_classes, cfg.drop_rate, spatial_dims=(1, 2))
         self.apply(self._init_weights)
         pre = preprocess or Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bicubic", 0.9)
         self.preprocess = dataclasses.replace(pre, input_size=(cfg.in_chans, *cfg.img_size)).for_channels(cfg.in_chans)
