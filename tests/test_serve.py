@@ -128,7 +128,7 @@ def test_model_description(client, bundled):
     assert info["classes"] == bundled.class_names and info["num_classes"] == 10
     assert info["preprocessing"] == json.loads(json.dumps(bundled.preprocess.to_dict()))
     assert info["provenance"]["dataset"] == bundled.provenance["dataset"]
-    assert info["operations"] == {"predict": True, "embed": True, "explain": True, "search": False}
+    assert info["operations"] == {"predict": True, "embed": True, "explain": True, "search": False, "detect": False}
     assert client.get("/health").json()["status"] == "ok"
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/predict", "/v1/explain", "/v1/embed", "/v1/search", "/v1/model", "/health"} <= set(paths)
@@ -520,7 +520,7 @@ def test_onnx_backend_predicts_like_vitkit_predict_and_refuses_the_rest(uploads,
         for path in ("/v1/embed", "/v1/explain"):
             assert "PyTorch model" in assert_one_line_error(post(c, path, uploads["chelsea.png"]), 400)
         assert c.get("/v1/model").json()["operations"] == {"predict": True, "embed": False, "explain": False,
-                                                           "search": False}
+                                                           "search": False, "detect": False}
 
 
 # ------------------------------------------------------------------------------------- API keys, docs, paths
@@ -693,7 +693,7 @@ def test_the_model_never_runs_twice_at_once_across_operations(uploads):
             answers = list(pool.map(lambda call: post(c, call[0], uploads[call[1]], call[1]), calls))
         waiting = c.get("/health").json()["waiting"]
     assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
-    assert most[0] == 1 and set(waiting) == {"predict", "embed", "explain", "search"}
+    assert most[0] == 1 and set(waiting) == {"predict", "embed", "explain", "search", "detect"}
 
 
 def test_batcher_reports_its_waiting_requests_through_a_public_method():

@@ -116,6 +116,27 @@ class LinearProbe(nn.Module):
         return self.fc(self.bn(x))
 
 
+def fit_minibatches(opt: torch.optim.Optimizer, n: int, batch_size: int, epochs: int, generator: torch.Generator,
+                    lr_at, loss_of) -> torch.Tensor:
+    """`epochs` passes over n rows in seeded random full batches (all n rows as one batch when n < batch_size:
+    BatchNorm wants more than one row), the lr set to `lr_at(step, total_steps)` before each step and
+    `loss_of(rows)` minimised; -> the last loss. The loop of the linear probes (pooled and dense)."""
+    per_epoch = max(1, n // batch_size)
+    total, it = epochs * per_epoch, 0
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator)
+        for b in range(per_epoch):
+            idx = perm[b * batch_size:(b + 1) * batch_size] if n >= batch_size else perm
+            for group in opt.param_groups:
+                group["lr"] = lr_at(it, total)
+            loss = loss_of(idx)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            it += 1
+    return loss
+
+
 def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor | None,
                  num_classes: int, *, epochs: int = 90, batch_size: int = 256, base_lr: float = 0.1,
                  warmup_epochs: int = 10, momentum: float = 0.9, seed: int = 0) -> dict[str, Any]:
@@ -126,21 +147,13 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
     opt = torch.optim.SGD(probe.parameters(), lr=0.0, momentum=momentum, weight_decay=0.0)
     lr = base_lr * batch_size / 256
     n = len(train_x)
-    per_epoch = max(1, n // batch_size)  # full batches (BatchNorm wants more than one row)
-    total, warm = epochs * per_epoch, min(warmup_epochs, epochs) * per_epoch
-    it = 0
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=g)
-        for b in range(per_epoch):
-            idx = perm[b * batch_size:(b + 1) * batch_size] if n >= batch_size else perm
-            f = it / warm if it < warm else 0.5 * (1 + math.cos(math.pi * (it - warm) / max(total - warm, 1)))
-            for group in opt.param_groups:
-                group["lr"] = lr * f
-            loss = F.cross_entropy(probe(train_x[idx]), train_y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            it += 1
+    warm = min(warmup_epochs, epochs) * max(1, n // batch_size)
+
+    def lr_at(it: int, total: int) -> float:  # linear warm-up, then cosine decay
+        return lr * (it / warm if it < warm else 0.5 * (1 + math.cos(math.pi * (it - warm) / max(total - warm, 1))))
+
+    loss = fit_minibatches(opt, n, batch_size, epochs, g, lr_at,
+                           lambda idx: F.cross_entropy(probe(train_x[idx]), train_y[idx]))
     probe.eval()
     with torch.no_grad():
         logits = probe(test_x)

@@ -1,6 +1,9 @@
 """`vitkit eval CKPT [--data ...]`: top-1/top-5, per-class precision/recall and the confusion matrix; with
 `--protocol knn|linear` (comma-separated for several), frozen-feature evaluation (vitkit.probe): DINO's
-weighted k-NN and MAE's linear probe on the pooled features, the train split as bank / probe training set.
+weighted k-NN and MAE's linear probe on the pooled features, the train split as bank / probe training set;
+with `--protocol seg-linear|seg-knn` on a segmentation set (canvas-digits, canvas-fashion), dense probes on the
+frozen patch tokens (vitkit.training.dense_probe: DINOv2's linear head, label transfer from the nearest train
+patches), reported as mIoU and pixel accuracy.
 With `--zeroshot`, CKPT is a CLIP pair and its classifier is built from the data's class names in words
 (vitkit.zeroshot: prompt templates, ensembled), then evaluated like any classifier.
 
@@ -36,14 +39,22 @@ def register(sub) -> None:
                    "converted on first use (cached)")
     add_precision(p)
     add_patch_size(p)
-    p.add_argument("--protocol", type=_protocols, default=("top1",), metavar="top1|knn|linear",
+    p.add_argument("--protocol", type=_protocols, default=("top1",), metavar="top1|knn|linear|seg-linear|seg-knn",
                    help="top1: the model's own classifier (default); knn: weighted k-NN on frozen features (DINO: "
                    "k=20, T=0.07, the train split as the bank); linear: a linear probe (BatchNorm + linear, MAE) "
-                   "trained on the frozen train features; several comma-separated (knn,linear): one line each")
-    p.add_argument("--k", type=positive_int, default=20, help="knn: neighbours (default 20)")
-    p.add_argument("--knn-t", type=float, default=0.07, help="knn: temperature of the exp(sim / T) votes")
-    p.add_argument("--probe-epochs", type=positive_int, default=90, help="linear: epochs of the probe (default 90)")
-    p.add_argument("--probe-seed", type=int, default=0, help="linear: seed of the probe's init and order")
+                   "trained on the frozen train features; several comma-separated (knn,linear): one line each. "
+                   "On a segmentation set (canvas-digits, canvas-fashion), reported as mIoU: seg-linear: "
+                   "BatchNorm + a 1x1 conv on the frozen last feature map, its logits upsampled bilinearly to "
+                   "the masks (DINOv2's linear head); seg-knn: each patch votes from its k nearest train patches "
+                   "(cosine, exp(sim / T) weights, a train patch labelled by its majority pixel)")
+    p.add_argument("--k", type=positive_int, default=20, help="knn, seg-knn: neighbours (default 20)")
+    p.add_argument("--knn-t", type=float, default=0.07, help="knn, seg-knn: temperature of the exp(sim / T) votes")
+    p.add_argument("--probe-epochs", type=positive_int, default=90,
+                   help="linear, seg-linear: epochs of the probe (default 90)")
+    p.add_argument("--probe-seed", type=int, default=0, help="linear, seg-linear: seed of the probe's init and order")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="seg-linear, seg-knn: the first N images of the train split and of the scored split at "
+                   "most (quick runs; the features of both are held in memory)")
     p.add_argument("--zeroshot", action="store_true",
                    help="CKPT is a CLIP pair: classify by the class names in words (needs --data; --labels gives "
                    "the words for the data's classes, in their order, when the names are not words)")
@@ -58,19 +69,34 @@ def _protocols(text: str) -> tuple[str, ...]:
     import argparse
 
     from ..probe import PROTOCOLS
+    from ..training.dense_probe import DENSE_PROTOCOLS
 
+    known = (*PROTOCOLS, *DENSE_PROTOCOLS)
     names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [n for n in names if n not in PROTOCOLS]
+    bad = [n for n in names if n not in known]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown protocol(s) {bad or [text]}; choose from {', '.join(PROTOCOLS)}")
+        raise argparse.ArgumentTypeError(f"unknown protocol(s) {bad or [text]}; choose from {', '.join(known)}")
     return names
 
 
 def run(args) -> int:
     from ..data.builtin import DETECTION, SEGMENTATION, dataset_task
     from ..data.datasets import same_data
+    from ..errors import ConfigError
     from ..inference import evaluate_on, training_data
+    from ..training.dense_probe import DENSE_PROTOCOLS
 
+    dense = [p for p in args.protocol if p in DENSE_PROTOCOLS]
+    if dense and len(dense) != len(args.protocol):  # masks and image labels are different data
+        raise ConfigError(f"--protocol {','.join(dense)} scores masks and "
+                          f"{','.join(p for p in args.protocol if p not in dense)} image labels: run them separately")
+    if args.limit is not None and not dense:
+        raise ConfigError("--limit applies to --protocol seg-linear|seg-knn only")
+    from .predict import eval_detector
+
+    detected = None if args.zeroshot or dense else eval_detector(args)  # a task=detect run: its COCO mAP
+    if detected is not None:
+        return detected
     model = _zeroshot_model(args) if args.zeroshot else with_patch_size(
         load_backend(args.checkpoint, args.backend, args.precision), args)
     prov = getattr(model, "provenance", None) or (getattr(model, "meta", None) or {}).get("provenance") or {}
@@ -82,17 +108,18 @@ def run(args) -> int:
         data = "digits"
         note_once(f"{args.checkpoint} does not record the data it was trained on: evaluating on digits "
                   "(pass --data digits | fashion-mnist | FOLDER | MANIFEST.csv)")
-    if dataset_task(data) in (SEGMENTATION, DETECTION):  # masks or boxes, not one label per image
-        from ..errors import ConfigError
-
+    if not dense and dataset_task(data) in (SEGMENTATION, DETECTION):  # masks or boxes, not one label per image
         kind, task, metrics = (("segmentation", "segment", "mIoU and pixel accuracy") if dataset_task(data) == SEGMENTATION
                                else ("detection", "detect", "COCO mAP"))
-        raise ConfigError(f"{data} is a {kind} dataset: vitkit eval scores classifiers; a task={task} run reports "
-                          f"its {metrics} in its report.md")
+        dense_hint = " (or frozen patch features: --protocol seg-linear|seg-knn)" if kind == "segmentation" else ""
+        raise ConfigError(f"{data} is a {kind} dataset: vitkit eval scores classifiers{dense_hint}; a task={task} run "
+                          f"reports its {metrics} in its report.md")
     same = args.data is None or same_data(args.data, trained["data"])  # the run's own data: split as it was
     seed = args.seed if args.seed is not None else (trained["seed"] if same and trained["seed"] is not None else 0)
     val_fraction = (trained["val_fraction"] if same else None) or 0.0
     training = trained if same else None
+    if dense:
+        return _run_dense_protocols(args, model, data, seed, val_fraction, "--data" if args.data else trained["from"])
     if tuple(args.protocol) != ("top1",):
         return _run_protocols(args, model, data, seed, val_fraction, "--data" if args.data else trained["from"],
                               training)
@@ -168,6 +195,32 @@ def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_
                    "knn": f"k={r.get('k')}, T={r.get('T')}, bank: {d.get('bank_split')} ({d.get('bank_count')} images)",
                    "linear": f"BatchNorm + linear on frozen features, {r.get('epochs')} epochs, seed {r.get('seed')}"}[p]
             print(f"{p}: top-1 {r['top1']:.2f}%  top-5 {r['top5']:.2f}%  {where} [{how}]")
+
+    emit(args, out, render)
+    return 0
+
+
+def _run_dense_protocols(args, model, data: str, seed: int, val_fraction: float, data_from: str) -> int:
+    """`--protocol seg-linear[,seg-knn]`: one line per protocol (or one JSON object)."""
+    from ..training.dense_probe import dense_probe_on
+
+    out: dict[str, Any] = {"checkpoint": str(args.checkpoint), "protocols": list(args.protocol), "seed": seed,
+                           "val_fraction": val_fraction, "data_from": data_from}
+    out |= dense_probe_on(model, data, args.protocol, split=args.split, seed=seed, val_fraction=val_fraction,
+                          strict=args.strict, batch_size=args.batch_size, limit=args.limit, k=args.k, T=args.knn_t,
+                          epochs=args.probe_epochs, probe_seed=args.probe_seed)
+
+    def render(d):
+        grid = "x".join(map(str, d["grid"]))
+        where = f"on {d['data']} {d['split']} ({d['count']} images)"
+        for p in d["protocols"]:
+            r = d[p]
+            how = {"seg-linear": f"BatchNorm + 1x1 conv on frozen {grid} patch tokens, logits upsampled to "
+                                 f"{'x'.join(map(str, d['mask_size']))}, {r.get('epochs')} epochs, seed {r.get('seed')}",
+                   "seg-knn": f"k={r.get('k')}, T={r.get('T')} over {grid} patch tokens, bank: {d['bank_split']} "
+                              f"({d['bank_count']} images, {d['bank_patches']} patches)"}[p]
+            print(f"{p}: mIoU {r['miou']:.2f}% (items {r['miou_fg']:.2f}%)  pixel acc {r['pixel_acc']:.2f}%  "
+                  f"{where} [{how}]")
 
     emit(args, out, render)
     return 0

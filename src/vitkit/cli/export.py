@@ -75,6 +75,11 @@ def run(args) -> int:
         raise ConfigError("--int8, --dynamic-size and --static-batch apply to --onnx")
     if not args.int8 and (args.int8_max_drop is not None or args.int8_min_speedup is not None):
         raise ConfigError("--int8-max-drop and --int8-min-speedup only apply with --int8")
+    from ..inference import load_detector
+
+    detector = load_detector(args.checkpoint)
+    if detector is not None:
+        return _export_detector(args, detector)
     if args.openvino:
         from ..export.openvino import import_openvino
 
@@ -119,3 +124,28 @@ def run(args) -> int:
         print(out["int8"]["warning"], file=sys.stderr)
     return 0
 
+
+
+def _export_detector(args, detector) -> int:
+    """A task=detect run's detector to ONNX (vitkit.export.onnx.export_detector_onnx: torch.onnx's TorchScript
+    exporter, one image per run, checked against PyTorch); the other targets and options refused in one line."""
+    from ..errors import ConfigError
+    from ..export.onnx import export_detector_onnx
+
+    refused = [flag for flag, given in (("--openvino", args.openvino), ("--int8", args.int8),
+                                        ("--dynamic-size", args.dynamic_size), ("--static-batch", args.static_batch),
+                                        ("--patch-size", args.patch_size)) if given]
+    if refused:
+        raise ConfigError(f"{', '.join(refused)}: not for a detector; a detector exports to ONNX only (--onnx "
+                          "OUT.onnx), one image at a time at its trained size")
+    out = export_detector_onnx(detector, args.onnx, opset=args.opset, tol=args.tol) | {"checkpoint": str(args.checkpoint)}
+
+    def render(d):
+        print_table(f"exported {d['checkpoint']} (detector)", ["field", "value"],
+                    [("written", d["path"]), ("max |diff| vs PyTorch (scores; boxes / image side)", f"{d['max_abs_diff']:.2e}"),
+                     ("checked images (boxes found)", f"{d['checked_images']} ({', '.join(map(str, d['box_counts']))})"),
+                     ("graph", f"one image [1, C, H, W] -> boxes, scores, labels (opset {d['opset']}, {d['exporter']})")],
+                    justify=["left", "left"])
+
+    emit(args, out, render)
+    return 0

@@ -82,7 +82,11 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)  # before the load: an ONNX session takes torch's count when it is made
-    model = load_backend(args.checkpoint, args.backend)  # loaded once, before the port opens
+    from ..inference import load_detector
+
+    # loaded once, before the port opens; a task=detect run's checkpoint is its detector (/v1/detect)
+    model = (load_detector(args.checkpoint) if args.backend == "torch" else None) or \
+        load_backend(args.checkpoint, args.backend)
     if args.patch_size is not None:
         from ..api import set_patch_size
 

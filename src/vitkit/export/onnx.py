@@ -8,6 +8,13 @@ equal to the PyTorch model with `pos_interpolation="bilinear", pos_antialias=Fal
 
 The exported file carries the model's config, preprocessing and class names in its metadata, so
 `OnnxRunner(path)` can stand in for the model in predict/eval.
+
+Detectors (a `task=detect` run's, `export_detector_onnx`): torch.export cannot trace torchvision's
+postprocessing (batched_nms keeps a data-dependent number of boxes, which its symbolic shapes refuse), so
+the detector goes through torch.onnx's TorchScript exporter, the path torchvision's detection models support
+(its nms and roi_align have ONNX symbolics). The graph takes one image [1, C, H, W] at the trained size and
+gives that image's boxes [n, 4] (xyxy on the input's pixels), scores [n] and labels [n], n varying with the
+image; `OnnxRunner` runs it image by image.
 """
 from __future__ import annotations
 
@@ -140,6 +147,71 @@ def export_onnx(
             "dynamic_batch": dynamic_batch, "dynamic_size": dynamic_size, "opset": opset}
 
 
+class _OneImageDetections(nn.Module):
+    """A detector's first image as tensors: images [1, C, H, W] -> (boxes [n, 4], scores [n], labels [n])."""
+
+    def __init__(self, detector: nn.Module):
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        found = self.detector(x)[0]
+        return found["boxes"], found["scores"], found["labels"]
+
+
+def export_detector_onnx(detector: nn.Module, path: str | os.PathLike, *, opset: int = 17, tol: float = 1e-4,
+                         examples: Iterable[torch.Tensor] = ()) -> dict[str, Any]:
+    """Write a detector (`detects`: `detector(x)` -> torchvision's detections per image) to `path` and check it
+    against PyTorch in ONNX Runtime: the same number of boxes, the same labels, boxes and scores within `tol`
+    (relative to the image side for the boxes), on seeded noise at three contrasts and on `examples` (normalised
+    images [C, H, W] at the input size; real ones give fewer boxes than noise, so the count is checked varying).
+    Returns {"path", "task", "max_abs_diff", "checked_images", "box_counts", "opset", "exporter"}."""
+    import warnings
+
+    _import_onnx("onnx", "onnxruntime")
+    net = _OneImageDetections(copy.deepcopy(detector).float().eval()).eval()
+    C, H, W = (int(v) for v in detector.preprocess.input_size)
+    gen = torch.Generator().manual_seed(0)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the tracer's notes on Python ints and shape asserts in torchvision
+            torch.onnx.export(net, (torch.randn(1, C, H, W, generator=gen),), str(path), dynamo=False,
+                              opset_version=opset, input_names=["images"], output_names=["boxes", "scores", "labels"],
+                              dynamic_axes={"boxes": {0: "boxes"}, "scores": {0: "boxes"}, "labels": {0: "boxes"}})
+    except Exception as e:  # noqa: BLE001 - the exporter raises many kinds; keep the first line
+        raise ExportError(f"torch.onnx.export (TorchScript) of the detector failed: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    onnx = _import_onnx("onnx")[0]
+    graph = onnx.load(str(path))
+    meta = {"task": "detect", "family": detector.family, "config": detector.model.cfg.to_dict(),
+            "preprocess": detector.preprocess.to_dict(), "class_names": detector.class_names,
+            "provenance": detector.provenance, "detector": detector.options, "dynamic_batch": False,
+            "dynamic_size": False}
+    onnx.helper.set_model_props(graph, {META_KEY: json.dumps(meta)})
+    onnx.save(graph, str(path))
+
+    runner = OnnxRunner(path)
+    inputs = [torch.randn(1, C, H, W, generator=gen) * s for s in (1.0, 0.3, 0.0)] + [x[None] for x in examples]
+    worst, counts = 0.0, []
+    for x in inputs:
+        with torch.no_grad():
+            want = net(x)
+        got = runner.session.run(None, {runner.input_name: x.numpy()})
+        if got[0].shape[0] != want[0].shape[0] or not np.array_equal(got[2], want[2].numpy()):
+            raise ExportError(f"{path}: ONNX Runtime finds {got[0].shape[0]} boxes where PyTorch finds "
+                              f"{want[0].shape[0]} (or other labels)")
+        counts.append(int(want[0].shape[0]))
+        if counts[-1]:
+            worst = max(worst, float(np.abs(got[0] - want[0].numpy()).max()) / max(H, W),
+                        float(np.abs(got[1] - want[1].numpy()).max()))
+    if not worst <= tol:
+        raise ExportError(f"{path}: ONNX Runtime boxes or scores differ from PyTorch by {worst:.2e} (tolerance {tol:.0e})")
+    return {"path": str(path), "task": "detect", "max_abs_diff": worst, "checked_images": len(inputs),
+            "box_counts": counts, "opset": opset, "exporter": "torchscript"}
+
+
 class OnnxRunner(InferenceOnly):
     """An exported vitkit model in ONNX Runtime, usable where predict/eval expect a model.
 
@@ -173,6 +245,19 @@ class OnnxRunner(InferenceOnly):
         self.provenance = dict(meta.get("provenance") or {})  # what the model was trained on (eval reads it)
         out_shape = self.session.get_outputs()[0].shape
         self.num_classes = self.cfg.num_classes if self.cfg else out_shape[-1]
+        # an exported detector (export_detector_onnx): one image in, its boxes, scores and labels out
+        self.detects = meta.get("task") == "detect"
+        self.options = meta.get("detector")
+
+    def detections(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """An exported detector on images [B, C, H, W] -> torchvision's detections per image (boxes [n, 4] xyxy
+        on the input's pixels, scores [n], labels [n]), one graph run per image."""
+        out = []
+        for x in images.detach().float().cpu():
+            boxes, scores, labels = self.session.run(None, {self.input_name: x[None].numpy()})
+            out.append({"boxes": torch.from_numpy(boxes), "scores": torch.from_numpy(scores),
+                        "labels": torch.from_numpy(labels)})
+        return out
 
     def __call__(self, images):
         if isinstance(images, torch.Tensor):

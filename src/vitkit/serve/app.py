@@ -5,7 +5,7 @@ the routes (`endpoints`), the key check (`auth`), and here the lifespan and the 
 
 Request flow: the body is read into memory under the upload cap (413 above it, 408 when it arrives too
 slowly), the image is decoded off the event loop with the pixel limit (as many at once as there are cores),
-and the model work is queued for the one model runner thread (predict, embed and search are batched across
+and the model work is queued for the one model runner thread (predict, embed, search and detect are batched across
 concurrent requests; explain runs one at a time; one model call runs at a time). Every refusal is a 4xx
 JSON `{"error": "..."}` with one line; a full queue or a model that does not answer in time is a 503, a
 model call that fails a 500, with the same shape. Requests name no paths: nothing is read from or written
@@ -72,7 +72,8 @@ def create_app(model: Any, *, name: str | None = None, backend: str = "torch", m
     # served by a route, behind the key like the rest of the API
     app = FastAPI(title="vitkit serve", version=_version(), lifespan=_lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None,
-                  description=f"Vision Transformer inference for {service.name}: predict, explain, embed"
+                  description=f"Vision Transformer inference for {service.name}: "
+                  + ("detect" if service.detects else "predict, explain, embed")
                   + (", search" if service.index is not None else "") + ". Errors are JSON {\"error\": \"...\"}.")
     app.state.serve, app.state.service = state, service
     _add_error_handlers(app)
@@ -136,8 +137,9 @@ def _service(model, name, backend, index, index_path) -> ModelService:
             model, backend = OnnxRunner(model), "onnx"
         else:
             from ..api import load_model
+            from ..inference import load_detector
 
-            model = load_model(model)
+            model = load_detector(model) or load_model(model)  # a task=detect run's folder: its detector
     if isinstance(index, (str, os.PathLike)):
         from ..retrieval import SearchIndex  # lazily: only a server started with an index needs faiss
 

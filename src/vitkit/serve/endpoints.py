@@ -1,4 +1,4 @@
-"""The routes of `vitkit serve`: the page, /health, the schema, /v1/model and the four operations. Each
+"""The routes of `vitkit serve`: the page, /health, the schema, /v1/model and the five operations. Each
 endpoint is a plain function that finds the server's parts in `request.app.state.serve` (a `ServeState`);
 `add_routes` puts them on an app, the API ones behind the key check when there is one."""
 from __future__ import annotations
@@ -89,10 +89,23 @@ async def model_info(request: Request):
 async def predict(request: Request, top_k: int | None = Query(None, ge=1, le=1000, description="how many classes "
                                                               "(default: the server's --top-k)")):
     state = _state(request)
+    _needs(state, "predict")
     image, image_name, x = await _queued(state, "predict", request)
     probs = await state.work.answer("predict", x)
     return state.service.describe_input(image, image_name) | {
         "model": state.service.name, "top": state.service.top(probs, top_k or state.default_top_k)}
+
+
+async def detect(request: Request, score_threshold: float = Query(0.0, ge=0, le=1, description="keep boxes scoring "
+                                                                    "at least this (the detector keeps those above "
+                                                                    "its own task.score_thresh)")):
+    state = _state(request)
+    _needs(state, "detect")
+    image, image_name, x = await _queued(state, "detect", request)
+    size = (image.height, image.width)
+    boxes = await state.work.answer("detect", (x, size))
+    return state.service.describe_input(image, image_name) | {
+        "model": state.service.name, "size": list(size), "boxes": [b for b in boxes if b["score"] >= score_threshold]}
 
 
 async def explain(request: Request, method: Literal["rollout", "cls-attention", "grad-rollout"] = "rollout",
@@ -135,6 +148,8 @@ def add_routes(app: FastAPI, key_check=None) -> None:
                       summary="the model: name, family, classes, preprocessing, provenance; server limits")
     upload = {"methods": ["POST"], "responses": _ERRORS, "openapi_extra": {"requestBody": _IMAGE_BODY}}
     api.add_api_route("/v1/predict", predict, summary="top-k classes with probabilities", **upload)
+    api.add_api_route("/v1/detect", detect, summary="boxes with labels and scores, in the image's pixels (a "
+                      "detection run's checkpoint)", **upload)
     api.add_api_route("/v1/explain", explain, summary="attention heat map over the image (PNG)",
                       response_class=Response, **upload)
     api.add_api_route("/v1/embed", embed, summary="the image's feature vector", **upload)

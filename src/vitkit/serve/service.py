@@ -1,8 +1,10 @@
 """What the server does with a loaded model, without any HTTP: preprocess an image, classify a batch,
-embed a batch, explain one image as a PNG overlay, search an index, and describe the model.
+embed a batch, explain one image as a PNG overlay, search an index, detect boxes (a detection run's
+detector), and describe the model.
 
 Predictions follow `vitkit.inference.predict_files` step for step (eval transform, softmax of the float
-logits, top-k), so an upload gets the same answer as `vitkit predict` on the same file."""
+logits, top-k), and detections `vitkit.inference.detect_files` (eval transform, the run's DetectTask.detect,
+boxes in the upload's own pixels), so an upload gets the same answer as `vitkit predict` on the same file."""
 from __future__ import annotations
 
 import io
@@ -14,7 +16,7 @@ from PIL import Image
 
 from ..data.transforms import eval_transform
 from ..errors import ConfigError
-from ..inference import input_note, source_of, top_entries
+from ..inference import as_detector, box_entries, input_note, source_of, top_entries
 from ..models import require
 from ..training.models import in_chans
 
@@ -25,12 +27,14 @@ class ModelService:
     """A loaded model (a vitkit model or an `OnnxRunner`) behind the server's operations."""
 
     def __init__(self, model, name: str, backend: str = "torch", index=None, index_path: str | None = None):
+        model = as_detector(model) or model  # an exported detector's ONNX runner gets `detect`
         self.model = model.eval()
         self.name, self.backend = name, backend
         self.index, self.index_path = index, index_path
         self.channels = in_chans(model)
         self.transform = eval_transform(model.preprocess)
         self.is_torch = isinstance(model, torch.nn.Module)
+        self.detects = bool(getattr(model, "detects", False))  # boxes (/v1/detect), not class scores
 
     # ----------------------------------------------------------------------------------- description
     def info(self) -> dict[str, Any]:
@@ -44,6 +48,8 @@ class ModelService:
             "classes": list(m.class_names) if m.class_names else None,
             "preprocessing": pre.to_dict() if hasattr(pre, "to_dict") else None,
             "provenance": provenance,
+            "task": "detect" if self.detects else "classify",
+            "detector": ({"kind": m.options["detector"]} | m.options if self.detects else None),
             "operations": self.operations(),
             "index": None if self.index is None else {"path": self.index_path, "size": _len(self.index),
                                                        "model_identity": getattr(self.index, "model_identity", None)},
@@ -51,8 +57,10 @@ class ModelService:
 
     def operations(self) -> dict[str, bool]:
         caps = getattr(self.model, "capabilities", frozenset())
+        if self.detects:  # the backbone's classifier was never trained: boxes are all a detector answers
+            return {"predict": False, "embed": False, "explain": False, "search": False, "detect": True}
         return {"predict": True, "embed": self.is_torch, "explain": self.is_torch and "attention_maps" in caps,
-                "search": self.is_torch and self.index is not None}
+                "search": self.is_torch and self.index is not None, "detect": False}
 
     # ----------------------------------------------------------------------------------- inputs
     def prepare(self, image: Image.Image) -> torch.Tensor:
@@ -74,6 +82,13 @@ class ModelService:
     def top(self, probs: torch.Tensor, k: int) -> list[dict[str, Any]]:
         """predict_files' top-k entries [{label, index, prob}] from probabilities [K]."""
         return top_entries(probs, self.model.class_names, k)
+
+    def detect_batch(self, jobs: list[tuple[torch.Tensor, tuple[int, int]]]) -> list[list[dict[str, Any]]]:
+        """(input [C, H, W], the upload's (H, W)) each -> its boxes [{label, index, score, box}], highest score
+        first, in the upload's pixels (one detector call for the batch)."""
+        self.require("detect")
+        found = self.model.detect(torch.stack([x for x, _ in jobs]), [size for _, size in jobs])  # [B, C, H, W] in
+        return [box_entries(d, self.model.class_names) for d in found]
 
     def embed_batch(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Inputs [C, H, W] each -> the pooled features before the classifier [D] each (`forward_head(pre_logits=True)`;
@@ -131,6 +146,12 @@ class ModelService:
 
     def require(self, op: str) -> None:
         """Refuse an operation the model cannot do, in one line (a ConfigError: a 4xx answer)."""
+        if self.detects and op != "detect":
+            raise ConfigError(f"{self.name} is a detector: POST the image to /v1/detect for its boxes (/v1/{op} "
+                              "is for classifiers)")
+        if op == "detect" and not self.detects:
+            raise ConfigError(f"{self.name} is a classifier: /v1/detect needs a task=detect run's checkpoint (with "
+                              "detection_head.safetensors beside it); POST to /v1/predict for its classes")
         if op == "search" and self.index is None:
             raise ConfigError("no index: start the server with --index INDEX to enable /v1/search")
         if not self.is_torch and op in ("embed", "explain", "search"):

@@ -1,5 +1,5 @@
 """The server's model work: one `ModelRunner` (the thread that owns the model) and one `Batcher` per
-operation on it (predict, embed and search batched across concurrent requests; explain one at a time), with
+operation on it (predict, embed, search and detect batched across concurrent requests; explain one at a time), with
 the requests on their way counted so that a batch waits only while more are coming.
 
 `answer(op, item)` is how an endpoint gets its result: a model that does not answer in time is a BusyError
@@ -19,7 +19,7 @@ from .service import ModelService
 
 log = logging.getLogger("vitkit.serve")
 
-BATCHED = ("predict", "embed", "search")  # the operations whose requests share model calls
+BATCHED = ("predict", "embed", "search", "detect")  # the operations whose requests share model calls
 
 
 class ModelFailed(VitkitError):
@@ -35,7 +35,8 @@ class ModelWork:
         self.request_timeout_s = request_timeout_s
         self.runner = ModelRunner("vitkit-model", torch_threads)
         self.arriving = dict.fromkeys(BATCHED, 0)  # received, not yet queued (the event loop's count)
-        runs = {"predict": service.predict_batch, "embed": service.embed_batch, "search": service.search_batch}
+        runs = {"predict": service.predict_batch, "embed": service.embed_batch, "search": service.search_batch,
+                "detect": service.detect_batch}
         self.batchers = {op: Batcher(runs[op], max_batch, batch_timeout_ms, max_queue, f"vitkit-{op}",
                                      expecting=lambda op=op: self.arriving[op], runner=self.runner)
                          for op in BATCHED}

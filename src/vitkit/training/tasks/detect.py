@@ -28,6 +28,9 @@ from ...models.detection import DETECTORS, build_detector
 from ...typed_config import JsonConfig
 from .base import Task, refuse_moving_augmentation
 
+HEAD_FILE = "detection_head.safetensors"  # the detector's neck and head, beside the run's checkpoints
+HEAD_META_KEY = "vitkit.detection_head"  # its safetensors metadata: the DetectOptions it was built with
+
 
 @dataclass
 class DetectOptions(JsonConfig):
@@ -248,9 +251,9 @@ class DetectTask(Task):
         from ...data.coco import targets_of
 
         folder = Path(folder)
-        with atomic_path(folder / "detection_head.safetensors") as tmp:
+        with atomic_path(folder / HEAD_FILE) as tmp:
             save_file({k: v.detach().cpu().contiguous() for k, v in self.detector.state_dict().items()}, str(tmp),
-                      metadata={"vitkit.detection_head": json.dumps(self.opts.to_dict())})
+                      metadata={HEAD_META_KEY: json.dumps(self.opts.to_dict())})
         source = targets_of(dataset)
         loader = DataLoader(dataset, batch_size=self.recipe.eval_batch_size, shuffle=False)
         detections = [d for x, target in loader
