@@ -155,11 +155,11 @@ def _bytes_in(temp: Path) -> int:
 
 def _train_in_child(argv: list[str]) -> None:
     """A forked `vitkit train` (torch already imported: it starts training at once, not 8 s later)."""
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+    sys.stdout = sys.stderr = open(os.environ.get("VK_CHILD_LOG", os.devnull), "a", buffering=1)  # noqa: SIM115
     os._exit(cli(["train", *argv]))
 
 
-def test_sigkill_during_the_state_save_then_resume_removes_the_temp_files(tmp_path):
+def test_sigkill_during_the_state_save_then_resume_removes_the_temp_files(tmp_path, monkeypatch):
     """A real `vitkit train` process is SIGKILLed while it writes state.safetensors. On --resume the partial
     temp file goes, and so does one carrying this process's pid (a restarted container reuses pids), with one
     line saying what was freed; a live writer's temp file and the user's own files stay."""
@@ -173,13 +173,15 @@ def test_sigkill_during_the_state_save_then_resume_removes_the_temp_files(tmp_pa
     run = tmp_path / "run"
     argv = ["--out", str(run), "--epochs", "100", "--quiet", "--set", "steps_per_epoch=1", "--set", "batch_size=8",
             "--set", "threads=1", "--set", 'model_args={"embed_dim": 192}', "--set", "eval_batch_size=512"]
+    monkeypatch.setenv("VK_CHILD_LOG", str(tmp_path / "child.log"))  # read back if the run ends on its own
     child = multiprocessing.get_context("fork").Process(target=_train_in_child, args=(argv,))
     child.start()
     deadline = time.time() + 120
     left: list[Path] = []
     try:
         while not left:
-            assert child.exitcode is None, f"the run ended on its own (exit {child.exitcode})"
+            assert child.exitcode is None, (f"the run ended on its own (exit {child.exitcode}): "
+                                            + (tmp_path / "child.log").read_text(errors="replace")[-2000:])
             assert time.time() < deadline, "no state save seen"
             if (run / "state.safetensors").exists():  # a later save: --resume has a state to go on from
                 with contextlib.suppress(FileNotFoundError):  # (a temp can go between listing and reading)

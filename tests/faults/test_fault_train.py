@@ -60,8 +60,12 @@ def _run_to_end(argv: list[str], timeout: float = 240) -> int:
 
 
 @pytest.fixture(autouse=True)
-def _no_orphans():
+def _no_orphans(tmp_path, monkeypatch):
+    log = tmp_path / "children.log"  # what the forked runs printed: shown under a failing test
+    monkeypatch.setenv("VK_CHILD_LOG", str(log))
     yield
+    if log.exists():
+        print("".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:]))
     while _LIVE:  # a failed assertion must not leave training processes behind
         p = _LIVE.pop()
         if p.exitcode is None:
