@@ -153,13 +153,13 @@ def _bytes_in(temp: Path) -> int:
     return sum(f.stat().st_size for f in temp.rglob("*") if f.is_file()) if temp.is_dir() else temp.stat().st_size
 
 
-def _train_in_child(argv: list[str]) -> None:
+def _train_in_child(argv: list[str], log: str) -> None:
     """A forked `vitkit train` (torch already imported: it starts training at once, not 8 s later)."""
-    sys.stdout = sys.stderr = open(os.environ.get("VK_CHILD_LOG", os.devnull), "a", buffering=1)  # noqa: SIM115
+    sys.stdout = sys.stderr = open(log, "a", buffering=1)  # noqa: SIM115
     os._exit(cli(["train", *argv]))
 
 
-def test_sigkill_during_the_state_save_then_resume_removes_the_temp_files(tmp_path, monkeypatch):
+def test_sigkill_during_the_state_save_then_resume_removes_the_temp_files(tmp_path):
     """A real `vitkit train` process is SIGKILLed while it writes state.safetensors. On --resume the partial
     temp file goes, and so does one carrying this process's pid (a restarted container reuses pids), with one
     line saying what was freed; a live writer's temp file and the user's own files stay."""
@@ -173,8 +173,12 @@ def test_sigkill_during_the_state_save_then_resume_removes_the_temp_files(tmp_pa
     run = tmp_path / "run"
     argv = ["--out", str(run), "--epochs", "100", "--quiet", "--set", "steps_per_epoch=1", "--set", "batch_size=8",
             "--set", "threads=1", "--set", 'model_args={"embed_dim": 192}', "--set", "eval_batch_size=512"]
-    monkeypatch.setenv("VK_CHILD_LOG", str(tmp_path / "child.log"))  # read back if the run ends on its own
-    child = multiprocessing.get_context("fork").Process(target=_train_in_child, args=(argv,))
+    # from a fork server (a fresh interpreter that imported the run's modules), not a fork of this process: torch
+    # refuses autograd in a fork of a process that already ran autograd on a thread (an earlier test may have)
+    server = multiprocessing.get_context("forkserver")
+    server.set_forkserver_preload(["torch", "sklearn.datasets", "vitkit.cli.train", "vitkit.training.report",
+                                   "vitkit.training.trainer"])
+    child = server.Process(target=_train_in_child, args=(argv, str(tmp_path / "child.log")))
     child.start()
     deadline = time.time() + 120
     left: list[Path] = []

@@ -21,6 +21,12 @@ from vitkit.cli.main import build_parser, main
 
 pytestmark = pytest.mark.slow
 _FORK = mp.get_context("fork")  # a forked child starts in milliseconds (torch already imported)
+# Training children come from a fork server: a fresh interpreter that imported what a run imports, then forks
+# each child. Forking the test process itself is refused by torch ("autograd's threading in combination with
+# fork") once any earlier test in it ran autograd on a thread, which the order of a parallel run decides.
+_RUNS = mp.get_context("forkserver")
+_RUNS.set_forkserver_preload(["torch", "sklearn.datasets", "vitkit.cli.train", "vitkit.training.report",
+                              "vitkit.training.trainer"])
 
 EPOCHS = 10
 KILLS = 12  # plus 30 in the checkpoint-writer test below
@@ -34,8 +40,8 @@ def _has_train() -> bool:
     return "train" in sub.choices
 
 
-def _cli(argv: list[str]) -> None:
-    sys.stdout = sys.stderr = open(os.environ.get("VK_CHILD_LOG", os.devnull), "a", buffering=1)  # noqa: SIM115
+def _cli(argv: list[str], log: str) -> None:
+    sys.stdout = sys.stderr = open(log, "a", buffering=1)  # noqa: SIM115
     os._exit(main(argv))
 
 
@@ -43,7 +49,7 @@ _LIVE: list = []
 
 
 def _start(argv: list[str]):
-    p = _FORK.Process(target=_cli, args=(argv,))
+    p = _RUNS.Process(target=_cli, args=(argv, os.environ.get("VK_CHILD_LOG", os.devnull)))
     p.start()
     _LIVE.append(p)
     return p
