@@ -17,6 +17,21 @@ os.environ["VITKIT_MEASURE"] = "0"
 _PARITY: list[tuple[str, float, float]] = []
 
 
+@pytest.fixture(autouse=True)
+def vitkit_logging_as_configured():
+    """Each test starts with vitkit's logger as vitkit leaves it: enabled, propagating to the root (where caplog
+    listens), no level of its own, no global `logging.disable`. A library that reconfigures logging in an earlier
+    test of the same process (a `dictConfig` disables every logger it does not name) must not hide vitkit's
+    messages from a later test: which tests share a process depends on how a parallel run splits them."""
+    import logging
+
+    logger = logging.getLogger("vitkit")
+    logger.disabled, logger.propagate = False, True
+    logger.setLevel(logging.NOTSET)
+    logging.disable(logging.NOTSET)
+    yield
+
+
 @pytest.fixture
 def photo_batch():
     """make(size, mean, std) -> [3, 3, size, size]: skimage's astronaut photo resized, plus two random images."""
