@@ -20,14 +20,18 @@ _PARITY: list[tuple[str, float, float]] = []
 @pytest.fixture(autouse=True)
 def vitkit_logging_as_configured():
     """Each test starts with vitkit's logger as vitkit leaves it: enabled, propagating to the root (where caplog
-    listens), no level of its own, no global `logging.disable`. A library that reconfigures logging in an earlier
-    test of the same process (a `dictConfig` disables every logger it does not name) must not hide vitkit's
-    messages from a later test: which tests share a process depends on how a parallel run splits them."""
+    listens), no level of its own (so the root's, Python's default WARNING), no global `logging.disable`. A library
+    that reconfigures logging in an earlier test of the same process (raises the root's level, or a `dictConfig`
+    that disables every logger it does not name) must not hide vitkit's warnings from a later test: which tests
+    share a process depends on how a parallel run splits them."""
     import logging
 
     logger = logging.getLogger("vitkit")
     logger.disabled, logger.propagate = False, True
     logger.setLevel(logging.NOTSET)
+    root = logging.getLogger()
+    if root.level > logging.WARNING or root.level == logging.NOTSET:
+        root.setLevel(logging.WARNING)
     logging.disable(logging.NOTSET)
     yield
 
