@@ -8,8 +8,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from vitkit import hardware
-from vitkit.hardware import MEASURABLE, MEASURED_WIN, Capabilities, decide, detect, machine_key
+from vitkit.errors import ConfigError
+from vitkit.hardware import MEASURABLE, MEASURED_WIN, Capabilities, decide, detect, machine_key, measure_rounds
 
 PRINT_DECISIONS = ("import json; from vitkit.hardware import this_machine; "
                    "print(json.dumps({k: v['on'] for k, v in this_machine().to_dict()['paths'].items()}))")
@@ -17,7 +20,8 @@ PRINT_DECISIONS = ("import json; from vitkit.hardware import this_machine; "
 
 def _run(cache_dir, measure: str = "1", **env) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("VITKIT_FAST_PATHS",)}
-    full |= {"VITKIT_CACHE": str(cache_dir), "VITKIT_MEASURE": measure, **env}
+    # three rounds per path, not 15: these tests are about when it measures and what is cached, not the ratios
+    full |= {"VITKIT_CACHE": str(cache_dir), "VITKIT_MEASURE": measure, "VITKIT_MEASURE_ROUNDS": "3", **env}
     return subprocess.run([sys.executable, "-c", PRINT_DECISIONS], env=full, capture_output=True, text=True,
                           timeout=300, check=False)
 
@@ -30,7 +34,7 @@ def test_measured_once_said_once_cached_and_read_back(tmp_path):
     cache = json.loads((tmp_path / "fast-paths.json").read_text())
     (key, entry), = cache.items()
     assert set(entry["ratios"]) >= {"bf16", "matmul_attention", "native_encoder"}
-    assert all(r > 0 for r in entry["ratios"].values()) and entry["seconds"] < 60
+    assert all(r > 0 for r in entry["ratios"].values()) and entry["seconds"] < 60 and entry["rounds"] == 3
     # the decisions follow the ratios with the 3% bar
     decided = json.loads(first.stdout)
     for name, r in entry["ratios"].items():
@@ -83,3 +87,15 @@ def test_the_fingerprint_names_cpu_flags_cores_threads_and_runtime_versions():
     assert "oneDNN" in key and "onnxruntime" in key and "openvino" in key
     assert ",".join(caps.isa_flags()) in key
     assert hardware.cached_measurement(caps) is None or isinstance(hardware.cached_measurement(caps), dict)
+
+
+def test_rounds_default_to_fifteen_and_a_bad_count_is_one_line(monkeypatch):
+    monkeypatch.delenv("VITKIT_MEASURE_ROUNDS", raising=False)
+    assert measure_rounds() == 15
+    monkeypatch.setenv("VITKIT_MEASURE_ROUNDS", "4")
+    assert measure_rounds() == 4
+    for bad in ("many", "0", "-2"):
+        monkeypatch.setenv("VITKIT_MEASURE_ROUNDS", bad)
+        with pytest.raises(ConfigError, match="VITKIT_MEASURE_ROUNDS") as e:
+            measure_rounds()
+        assert "\n" not in str(e.value)

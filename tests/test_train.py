@@ -198,15 +198,17 @@ def test_bad_overrides_are_one_line_errors(tmp_path, capsys):
 @pytest.mark.skipif(__import__("vitkit.data.fashion_mnist", fromlist=["x"]).find_local() is None,
                     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
 def test_fashion_mnist_recipe_runs_a_few_steps(tmp_path, capsys):
-    """The benchmark recipe itself (bf16 autocast, worker process, EMA) on a seeded subset."""
+    """The benchmark recipe itself (bf16 autocast, worker process, EMA) on seeded subsets of train and test."""
     out = tmp_path / "fm"
     assert cli(["train", "--recipe", "fashion-mnist", "--out", str(out), "--epochs", "1", "--json",
-                "--set", "train_subset=1024", "--set", "steps_per_epoch=2", "--set", "threads=1"]) == 0
+                "--set", "train_subset=1024", "--set", "eval_subset=500", "--set", "steps_per_epoch=2",
+                "--set", "threads=1"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["final"]["split"] == "test" and summary["steps"] == 2
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["data"]["train"] == cfg["data"]["train_subset"] and abs(cfg["data"]["train"] - 1024) <= 10
-    assert cfg["data"]["test"] == 10000
+    # stratified: 50 of each of the 10 classes of the 10,000 test images
+    assert cfg["data"]["test"] == cfg["data"]["test_subset"] == 500 and cfg["recipe"]["eval_subset"] == 500
     model = vitkit.load_model(out / "best.safetensors")
     assert model.class_names[9] == "Ankle boot" and model.cfg.pos_embed == "sincos"
 

@@ -37,7 +37,8 @@ path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf1
 attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path; ViT-S shapes, a few
 seconds, said in one line) and caches the ratios per machine fingerprint (`machine_key`: CPU model, flags,
 cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in $VITKIT_CACHE/fast-paths.json (default
-~/.cache/vitkit); later processes read it, `vitkit doctor --measure` refreshes it. A path is on where it
+~/.cache/vitkit); later processes read it, `vitkit doctor --measure` refreshes it ($VITKIT_MEASURE_ROUNDS: rounds
+per path, default 15). A path is on where it
 measured at least MEASURED_WIN times faster than timm's path, else off. The rules above are the prior: they
 decide where measuring is off ($VITKIT_MEASURE=0, as the tests set) and for what is not measured (CUDA,
 ONNX Runtime). A cache that cannot be read or written means measuring again, kept in memory, with a note.
@@ -70,6 +71,7 @@ MEASURABLE = ("bf16", "onednn_linear", "matmul_attention", "native_encoder")  # 
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
 ENV_MEASURE = "VITKIT_MEASURE"  # 0: no measuring; the flag rules decide (CI and the tests set it)
+ENV_ROUNDS = "VITKIT_MEASURE_ROUNDS"  # paired rounds per path (default 15): fewer is quicker and noisier
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 
@@ -329,6 +331,15 @@ def measuring() -> bool:
     return os.environ.get(ENV_MEASURE, "1").strip().lower() not in _OFF
 
 
+def measure_rounds(default: int = 15) -> int:
+    text = os.environ.get(ENV_ROUNDS, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{ENV_ROUNDS}={text!r}: expected a whole number of rounds (default {default})")
+    return int(text)
+
+
 _MEASURED_IN_MEMORY: dict[str, dict] = {}  # measurements this process made but could not cache
 
 
@@ -349,9 +360,9 @@ def this_machines_measurement(caps: Capabilities) -> dict | None:
     print(f"vitkit: timing this machine's fast paths once (a few seconds; cached in {cache_file()}; "
           f"`vitkit doctor` shows them, {ENV_MEASURE}=0 skips this)", file=sys.stderr, flush=True)
     try:
-        return measure_and_cache(caps)
+        return measure_and_cache(caps, measure_rounds())
     except OSError as e:
-        result = _MEASURED_IN_MEMORY[key] = measure()
+        result = _MEASURED_IN_MEMORY[key] = measure(measure_rounds())
         print(f"vitkit: note: could not cache the measurement ({getattr(e, 'strerror', None) or e}): kept for "
               "this process only", file=sys.stderr, flush=True)
         return result
@@ -444,15 +455,16 @@ def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int 
         ratios["matmul_attention"] = _paired_median(
             lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), matmul_attention, rounds)
     return {"ratios": ratios, "date": datetime.date.today().isoformat(),
-            "shapes": {"tokens": tokens, "dim": dim, "heads": heads}, "seconds": round(time.perf_counter() - t0, 2)}
+            "shapes": {"tokens": tokens, "dim": dim, "heads": heads}, "rounds": rounds,
+            "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def measure_and_cache(caps: Capabilities | None = None, rounds: int = 15) -> dict:
+def measure_and_cache(caps: Capabilities | None = None, rounds: int | None = None) -> dict:
     """`measure` and store the result for this machine in `cache_file()` (written atomically)."""
     from ._files import atomic_write_text
 
     caps = caps or detect()
-    result = measure(rounds)
+    result = measure(rounds or measure_rounds())
     path = cache_file()
     try:
         cache = json.loads(path.read_text()) if path.exists() else {}

@@ -76,7 +76,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bool = False,
               channels: int = 3, allow_download: bool = True, subset: int | None = None,
-              options: dict[str, Any] | None = None) -> DataBundle:
+              eval_subset: int | None = None, options: dict[str, Any] | None = None) -> DataBundle:
     """Resolve `spec` (a built-in name, a folder or a CSV file) into train/val/test splits. `options`: the data
     source's own settings (`--set data.label_key=...`), checked against what the source's `load` accepts."""
     spec = str(spec)
@@ -101,10 +101,13 @@ def load_data(spec: str, *, seed: int = 0, val_fraction: float = 0.0, strict: bo
             raise DataError(f"{spec}: expected a folder of class folders, a CSV manifest (path,label) or a COCO annotation file (.json)")
     if val_fraction and bundle.val is None:
         carve_val(bundle, val_fraction, seed, spec)
-    if subset and subset < len(bundle.train):  # quick experiments: a seeded stratified subset of train
-        keep, _ = stratified_split(bundle.train.labels.tolist(), 1 - subset / len(bundle.train), seed)
-        bundle.train = bundle.train.subset(keep)
-        bundle.info["train_subset"] = len(keep)
+    # quick experiments: seeded stratified subsets of train (`subset`) and of the evaluated splits (`eval_subset`)
+    for split, count in (("train", subset), ("val", eval_subset), ("test", eval_subset)):
+        part = getattr(bundle, split)
+        if count and part is not None and count < len(part):
+            keep, _ = stratified_split(part.labels.tolist(), 1 - count / len(part), seed)
+            setattr(bundle, split, part.subset(keep))
+            bundle.info[f"{split}_subset"] = len(keep)
     if len(bundle.train) == 0:
         raise DataError(f"{spec}: no training images")
     return bundle

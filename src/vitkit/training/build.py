@@ -38,7 +38,7 @@ def build_run(recipe: Recipe, *, finetune: str | None, strict: bool, device: tor
     # config.json's data.split_indices), so the best checkpoint is chosen on images it did not train on
     val_fraction = r.val_fraction or default_val_fraction(r.data)
     data = load_data(r.data, seed=r.seed, val_fraction=val_fraction, strict=strict, subset=r.train_subset,
-                     options=r.data_args)
+                     eval_subset=r.eval_subset, options=r.data_args)
     if val_fraction != r.val_fraction and "val_split" in data.info:
         data.info["val_split"]["auto"] = True
         r = r.replace(val_fraction=val_fraction)

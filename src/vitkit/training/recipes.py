@@ -28,6 +28,7 @@ class Recipe(JsonConfig):
     data: str = "digits"
     val_fraction: float = 0.0  # >0: carve a seeded validation split out of train (best checkpoint chosen on it)
     train_subset: int | None = None  # train on a seeded stratified subset (quick experiments)
+    eval_subset: int | None = None  # evaluate on seeded stratified subsets of val and test (quick experiments)
     data_args: dict = field(default_factory=dict)  # the data source's options: --set data.label_key=cls
     # model
     model: str = "vit_pico_patch2_8"
