@@ -109,6 +109,16 @@ def test_latency_plot_with_top1_is_written(classified, tmp_path, capsys):
         assert im.format == "PNG" and im.size == (800, 500)
 
 
+def test_a_run_folders_checkpoint_is_called_by_its_folder_in_the_table(classified, capsys):
+    run = classified / "edge-run"
+    run.mkdir()
+    (run / "best.safetensors").write_bytes((classified / "tiny.safetensors").read_bytes())
+    assert main(["bench", "--latency", "--models", str(run / "best.safetensors"), str(classified / "tiny.safetensors"),
+                 "--runtimes", "torch-fp32", "--runs", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "edge-run" in out and "tiny" in out and "safetensors" not in out and str(classified) not in out
+
+
 def test_missing_runtime_package_is_skipped_with_the_install_line(capsys, monkeypatch):
     for name in [m for m in sys.modules if m == "onnxruntime" or m.startswith("onnxruntime.")]:
         monkeypatch.delitem(sys.modules, name)

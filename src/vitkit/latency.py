@@ -111,6 +111,15 @@ def build(spec: str, img_size=None):
     return model.eval()
 
 
+def short_label(spec: str) -> str:
+    """What the table and plot call a model: its name, or for a checkpoint file its run folder's name (a run's
+    best/last.safetensors) or the file's stem."""
+    if not os.path.exists(spec):
+        return spec
+    path = Path(spec)
+    return path.parent.name if path.is_file() and path.stem in ("best", "last") and path.parent.name else path.stem
+
+
 def model_gmacs(model) -> tuple[float, str]:
     """(forward GMACs of one image, how they were counted): the family's closed form where it has one
     (vitkit.analysis.cost), else torch's FlopCounterMode on one image on the meta device (convolutions and
@@ -193,7 +202,7 @@ def run_latency(opts: LatencyOptions, command: str | None = None) -> dict[str, A
         for i, (spec, model) in enumerate(models.items()):
             gmacs, counted = model_gmacs(model)
             shape = tuple(model.preprocess.input_size)  # (C, H, W)
-            entries.append({"model": spec, "family": model.family, "img_size": list(shape[1:]),
+            entries.append({"model": spec, "label": short_label(spec), "family": model.family, "img_size": list(shape[1:]),
                             "params": sum(p.numel() for p in model.parameters()), "gmacs": gmacs,
                             "gmacs_from": counted})
             folder = Path(tmp) / str(i)
@@ -243,20 +252,21 @@ def write_plot(report: dict[str, Any], path: str | os.PathLike) -> Path:
     ax = fig.subplots()
     runtimes = list(dict.fromkeys(r["runtime"] for r in timed))
     models = list(dict.fromkeys(r["model"] for r in timed))
+    label = {m["model"]: m.get("label", m["model"]) for m in report["models"]}
     markers = "osD^vP*Xh<>"
     if all("top1" in r for r in timed):
         for r in timed:
             ax.scatter(r["p50_ms"], r["top1"], marker=markers[models.index(r["model"]) % len(markers)],
                        color=f"C{runtimes.index(r['runtime'])}", s=60)
         for i, m in enumerate(models):  # legend entries: shape = model, colour = runtime
-            ax.scatter([], [], marker=markers[i % len(markers)], color="grey", label=m)
+            ax.scatter([], [], marker=markers[i % len(markers)], color="grey", label=label[m])
         for i, rt in enumerate(runtimes):
             ax.scatter([], [], marker="s", color=f"C{i}", label=rt)
         ax.set_xlabel("batch-1 latency p50 (ms)")
         ax.set_ylabel(f"top-1 % ({report['data']})")
         ax.legend(fontsize=8)
     else:
-        labels = [f"{r['model']}\n{r['runtime']}" for r in timed]
+        labels = [f"{label[r['model']]}\n{r['runtime']}" for r in timed]
         p50 = [r["p50_ms"] for r in timed]
         ax.barh(range(len(timed)), p50, color=[f"C{runtimes.index(r['runtime'])}" for r in timed])
         ax.scatter([r["p90_ms"] for r in timed], range(len(timed)), marker="|", color="black", s=80, label="p90")

@@ -131,7 +131,7 @@ def render_latency(report: dict[str, Any]) -> None:
         if r["status"] != "ok":
             skipped.append(f"{r['runtime']}: {r['reason']}")
             continue
-        rows.append((r["model"], f"{m['params'] / 1e6:.2f}", f"{m['gmacs']:.3f}", r["runtime"], f"{r['p50_ms']:.2f}",
+        rows.append((m.get("label", r["model"]), f"{m['params'] / 1e6:.2f}", f"{m['gmacs']:.3f}", r["runtime"], f"{r['p50_ms']:.2f}",
                      f"{r['p90_ms']:.2f}", f"{r['p99_ms']:.2f}",
                      *([f"{r['top1']:.2f}" if "top1" in r else "-"] if has_top1 else [])))
     m = report["machine"]
