@@ -123,6 +123,22 @@ def test_eta_ignores_the_warm_up_and_follows_recent_steps():
     assert eta.seconds_left() == 0
 
 
+def test_a_plan_made_at_the_last_step_redraws_the_bar_with_the_planned_epochs(capsys):
+    """A time budget planned at the epoch's last step: the bar says 1 epoch and no hours left, not the
+    placeholder run length it started with."""
+    from vitkit.training.budget import MAX_EPOCHS
+    from vitkit.training.console import Reporter, StepBar
+
+    steps = 7
+    bar = StepBar(Reporter(), MAX_EPOCHS * steps, 0, 0, MAX_EPOCHS, announce_eta=False, disable=False)
+    with bar:
+        for _ in range(steps):
+            bar.step(2.3, 1e-4, 100.0, 0, 0.5)
+        bar.replan(steps, steps, 1)
+    err = capsys.readouterr().err
+    assert "epoch 1/1 " in err and str(MAX_EPOCHS) not in err and " h " not in err, err
+
+
 def test_durations_are_stated_as_approximate():
     from vitkit.training.console import approx_duration, count
 

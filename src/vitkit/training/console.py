@@ -191,6 +191,7 @@ class StepBar:
     def __init__(self, reporter: Reporter, total: int, done: int, epoch: int, epochs: int, announce_eta: bool,
                  disable: bool):
         self.epochs, self.eta, self.announce = epochs, Eta(total - done), announce_eta
+        self.epoch = epoch  # 0-based, the one the last step was in
         self.progress = progress_bar(reporter.console(), disable=disable)
         self.bar = self.progress.add_task(f"epoch {epoch + 1}/{epochs}", total=total, completed=done,
                                           loss=float("nan"), lr=0.0, ips=0.0, eta="")
@@ -204,6 +205,7 @@ class StepBar:
 
     def step(self, loss: float, lr: float, ips: float, epoch: int, seconds: float) -> None:
         eta = self.eta
+        self.epoch = epoch
         eta.record(seconds)
         self.progress.update(self.bar, advance=1, loss=loss, lr=lr, ips=ips,
                              description=f"epoch {epoch + 1}/{self.epochs}", eta=eta.text())
@@ -219,4 +221,6 @@ class StepBar:
         """A time budget's plan: the run is now `epochs` epochs, `total` steps."""
         self.epochs = epochs
         self.eta.steps_left = max(total - done, 0)
-        self.progress.update(self.bar, total=total)
+        # shown at once: a plan made at the epoch's last step gets no later step to redraw the bar
+        self.progress.update(self.bar, total=total, description=f"epoch {self.epoch + 1}/{epochs}",
+                             eta=self.eta.text())
