@@ -10,7 +10,7 @@ import pytest
 
 from vitkit.cli.main import main as cli
 from vitkit.errors import ConfigError
-from vitkit.training.budget import MARGIN, TIMED_STEPS, WARMUP_STEPS, TimeBudget, parse_duration
+from vitkit.training.budget import CHECK_EVERY, DRIFT, MARGIN, TIMED_STEPS, WARMUP_STEPS, TimeBudget, parse_duration
 from vitkit.training.state import load_state
 
 
@@ -74,6 +74,39 @@ def test_a_drift_after_the_first_evaluation_replans_once():
     assert b.plan.replanned and 10 <= again < first and b.plan.step_s == 1.0
 
 
+def test_steps_that_slow_down_inside_the_first_epoch_shrink_the_plan_before_it_ends():
+    """A long first epoch (no evaluation to re-plan at for minutes): the step time is checked every CHECK_EVERY
+    steps; steady steps keep the plan (said as the same number), steps 1.5x slower shrink it to what fits."""
+    b = TimeBudget(480.0, steps_per_epoch=468, images_per_step=128, n_eval=10_000, n_final=10_000)
+    first = _timed(b, 1.0, elapsed_at_plan=10.0)
+    planned_at, elapsed = b.plan.planned_at, 10.0
+    answers = {}
+    for step in range(planned_at + 1, planned_at + 2 * CHECK_EVERY + 1):
+        slow = step > planned_at + CHECK_EVERY
+        elapsed += 1.5 if slow else 1.0 * (1 + DRIFT / 2)
+        got = b.on_step(1.5 if slow else 1.0 * (1 + DRIFT / 2), step, elapsed)
+        if got is not None:
+            answers[step] = got
+    assert list(answers) == [planned_at + CHECK_EVERY, planned_at + 2 * CHECK_EVERY]  # only at the checks
+    assert answers[planned_at + CHECK_EVERY] == first  # within DRIFT: unchanged
+    shrunk = answers[planned_at + 2 * CHECK_EVERY]
+    assert shrunk < first and b.plan.step_s == 1.5 and b.plan.changes == 1
+    assert b.plan.expected_s <= 480.0 * (1 - MARGIN) + 1e-6  # what is left fits, at the new step time
+    b.on_epoch_end(1, b.plan.eval_s, shrunk, elapsed, 1.5)
+    assert b.on_step(1.5, shrunk + CHECK_EVERY, elapsed) is None  # after the first evaluation: no more checks
+
+
+def test_a_budget_that_cannot_hold_its_evaluations_says_how_long_the_run_will_take(tmp_path, capsys):
+    b = TimeBudget(40.0, steps_per_epoch=468, images_per_step=128, n_eval=10_000, n_final=10_000)
+    _timed(b, 1.0, elapsed_at_plan=10.0)  # an evaluation ~26 s and the final one ~26 s: over 40 s already
+    assert b.plan.expected_s > 40.0
+    run = tmp_path / "run"
+    assert cli(["train", "--out", str(run), *[a for a in ARGS if a != "--quiet"], "--time-budget", "0.5s"]) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("time budget")]
+    assert said and "the budget is too small for the evaluations: expect ~" in said[0], err
+
+
 ARGS = ["--data", "digits", "--model", "vit_pico_patch2_8", "--quiet", "--set", "steps_per_epoch=8",
         "--set", "batch_size=32", "--set", "threads=1", "--set", "bf16=false", "--set", "warmup_epochs=0",
         "--set", "eval_batch_size=512", "--set", "min_lr=1e-5"]
@@ -92,7 +125,8 @@ def test_a_budget_run_plans_its_epochs_and_resume_keeps_the_plan(tmp_path, capsy
     assert cli(["train", "--out", str(run), "--resume", "--quiet"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     plan = summary["time_budget"]
-    assert {k: plan[k] for k in saved if k != "times"} == {k: saved[k] for k in saved if k != "times"}  # kept
+    kept = [k for k in saved if k not in ("times", "recent")]
+    assert {k: plan[k] for k in kept} == {k: saved[k] for k in kept}  # kept
     assert summary["steps"] == plan["steps"] and summary["epochs"] == plan["epochs"] == math.ceil(plan["steps"] / 8)
     # the cosine schedule was laid over the planned steps: it ends at min_lr (1e-5 of lr 3e-3 here)
     lrs = [s["lr"] for s in _steps(run)]

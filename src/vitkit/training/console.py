@@ -120,7 +120,9 @@ class Reporter:
         self.say(f"time budget {plan.budget_s:.0f} s: {count(plan.steps, 'step')} in {count(plan.epochs, 'epoch')} "
                  f"fit (steps {plan.step_s:.3g} s, "
                  f"an evaluation ~{plan.eval_s:.2g} s, the final ones ~{plan.final_s:.2g} s)"
-                 + (" (re-planned after the first evaluation)" if plan.replanned else ""))
+                 + (" (re-planned: the times moved)" if plan.changes else "")
+                 + (f"; the budget is too small for the evaluations: expect ~{approx_duration(plan.expected_s)}"
+                    if plan.expected_s > plan.budget_s else ""))
 
     def start(self, name: str, model: str, params: int, data, n_eval: int, eval_split: str, size, length: str,
               steps: int, world: int, device) -> None:

@@ -85,9 +85,11 @@ class Trainer:
     def _replan(self, planned: int | None, bar) -> None:
         """Every rank calls it where a time budget's plan may come: the main process's plan, for all."""
         if planned is not None:
+            before = self.length.total_steps
             self.length.set(main_value(planned, self.d, self.device))
-            bar.replan(self.length.total_steps, self.at.step, self.length.epochs)
-            self.say.planned(self.length.plan)
+            if self.length.total_steps != before:  # said when the plan is made or changes, not at each check
+                bar.replan(self.length.total_steps, self.at.step, self.length.epochs)
+                self.say.planned(self.length.plan)
 
     def _save_state(self, gathered: tuple[dict, dict] | None = None) -> None:
         self.run_dir.save_run(self.strategy, self.optimizer, self.ema, self.task,
