@@ -276,6 +276,40 @@ def test_training_from_shards_reaches_the_folder_runs_weights(digits, tmp_path, 
     assert scored["data"] == str(shards) and scored["split"] == "val" and scored["count"] == 10
 
 
+def test_eval_and_embed_read_the_shards_with_the_runs_label_key(tmp_path, capsys):
+    """A run trained with --set data.label_key=species: `vitkit eval` without --data reads the shards with that
+    key again (the default key, .txt, names other classes), and `embed --set data.label_key=` labels its rows."""
+    import webdataset as wds
+
+    for split, n in (("train", 12), ("val", 6)):
+        with wds.ShardWriter(str(tmp_path / f"{split}-%03d.tar"), maxcount=8, verbose=0) as sink:
+            for i in range(n):
+                sink.write({"__key__": f"{split}{i:04d}", "png": _png(20 * i), "txt": ["dog", "cat"][i % 2],
+                            "json": {"species": "owl" if i % 3 == 0 else "fox"}})
+    run = tmp_path / "run"
+    assert cli(["train", "--data", str(tmp_path), "--out", str(run), "--model", "vit_pico_patch2_8",
+                "--set", "data.label_key=species", "--set", "in_chans=3", *QUICK]) == 0
+    capsys.readouterr()
+    assert cli(["eval", str(run / "best.safetensors"), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["class_names"] == ["fox", "owl"] and scored["split"] == "val" and scored["count"] == 6
+    assert scored["data_options"] == {"label_key": "species"} and sum(c["support"] for c in scored["per_class"]) == 6
+    assert [c["support"] for c in scored["per_class"]] == [4, 2]  # owl: samples 0 and 3 of val
+    alone = tmp_path / "alone.safetensors"  # away from its run folder: the command in its provenance says it
+    alone.write_bytes((run / "best.safetensors").read_bytes())
+    assert cli(["eval", str(alone), "--data", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["data_options"] == {"label_key": "species"}
+    # the same data read with the default key is other labels: said in one line, not scored as if it were the same
+    assert cli(["eval", str(run / "best.safetensors"), "--set", "data.label_key=txt"]) == 2
+    assert "label(s) ['cat', 'dog'] are not among the model's classes ['fox', 'owl']" in capsys.readouterr().err
+    assert cli(["eval", str(run / "best.safetensors"), "--set", "label_key=txt"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("got 'label_key=txt'")
+    assert cli(["embed", str(run / "best.safetensors"), str(tmp_path), "--out", str(tmp_path / "emb"),
+                "--set", "data.label_key=species", "--quiet", "--workers", "0"]) == 0
+    rows = Embeddings(tmp_path / "emb").rows
+    assert len(rows) == 18 and rows[0]["label"] == "owl" and rows[1]["label"] == "fox"
+
+
 def test_interrupted_mid_epoch_and_resumed_from_shards_reaches_the_same_weights(digits, tmp_path, monkeypatch):
     """A real SIGINT at step 3 of 4 (inside epoch 2): the saved state resumes at that sample position."""
     _, shards = digits

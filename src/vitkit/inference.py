@@ -64,21 +64,23 @@ def input_note(model, items) -> str | None:
 
 
 def evaluate_on(model, data: str, *, split: str | None = None, seed: int = 0, val_fraction: float = 0.0,
-                batch_size: int = 256, strict: bool = False, training: dict[str, Any] | None = None) -> dict[str, Any]:
+                batch_size: int = 256, strict: bool = False, training: dict[str, Any] | None = None,
+                options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Top-1/top-5, loss, per-class precision/recall and the confusion matrix of `model` on a split of
     `data` (digits | fashion-mnist | FOLDER | MANIFEST.csv). `split`: test, val, train or all; default test,
     else val, else everything (`data.datasets.eval_split`). `seed` and `val_fraction` carve the validation
     split as training did. `training` (a `training_data` result, when `data` is what the model trained on)
     turns on the checks that end up in `warnings`: images of the scored split the run trained on, and data
-    that changed since the run recorded its validation split."""
+    that changed since the run recorded its validation split. `options`: the data source's own settings
+    (`data.label_key=...`, as `load_data` takes them)."""
     channels = in_chans(model)
     ds_all, split, ds = load_eval_split(data, channels=channels, class_names=model.class_names, split=split, seed=seed,
-                                        val_fraction=val_fraction, strict=strict)
+                                        val_fraction=val_fraction, strict=strict, options=options)
     names = ds_all.class_names  # the model's own, when it has them
     if model.num_classes != len(names):
         raise DataError(f"the model has {model.num_classes} outputs but {data} has {len(names)} classes")
     trained, warnings = (None, []) if training is None else _trained_images(
-        ds_all, split, ds, data, seed, val_fraction, training, strict=strict, channels=channels)
+        ds_all, split, ds, data, seed, val_fraction, training, strict=strict, channels=channels, options=options)
     loader = eval_loader(ds, model.preprocess, batch_size=batch_size)
     res = evaluate(model, loader, len(names), torch.device("cpu"))
     return {"data": ds_all.name, "split": split, "count": res["count"], "split_from": describe_split(ds_all, split),
@@ -88,7 +90,7 @@ def evaluate_on(model, data: str, *, split: str | None = None, seed: int = 0, va
 
 
 def _trained_images(bundle, split: str, scored, data: str, seed: int, val_fraction: float, training: dict[str, Any],
-                    *, strict: bool, channels: int) -> tuple[int | None, list[str]]:
+                    *, strict: bool, channels: int, options: dict[str, Any] | None = None) -> tuple[int | None, list[str]]:
     """(how many scored images were in the run's training split or None when unknown, warning lines). The
     training split is this load's own train split when the split was carved as the run did, else a second
     load with the run's seed and fraction (another --seed moves a seeded test or validation split)."""
@@ -103,7 +105,7 @@ def _trained_images(bundle, split: str, scored, data: str, seed: int, val_fracti
         return None, [f"{data} changed since the run: its validation split is not the one the run recorded "
                       f"({training.get('from')}), so some of these {len(scored)} images may have been trained on"]
     train = bundle.train if run_split else load_data(data, seed=training["seed"], val_fraction=training["val_fraction"],
-                                                     strict=strict, channels=channels).train
+                                                     strict=strict, channels=channels, options=options).train
     n = shared_images(scored, train)
     if not n:
         return 0, []
@@ -113,16 +115,19 @@ def _trained_images(bundle, split: str, scored, data: str, seed: int, val_fracti
 
 
 def training_data(checkpoint: str, provenance: dict[str, Any]) -> dict[str, Any]:
-    """What the checkpoint was trained on and how it was split: {data, seed, val_fraction, val_split, from},
-    each None when unknown; `data` is a spec load_data reads. In order: the checkpoint's provenance (`dataset`,
+    """What the checkpoint was trained on and how it was split: {data, seed, val_fraction, val_split, options,
+    from}, each None when unknown; `data` is a spec load_data reads, `options` the data source's settings the run
+    used (its recipe's `data_args`: `--set data.label_key=...`), so the same data is read the same way again. In order: the checkpoint's provenance (`dataset`,
     `seed`, `val_fraction`), the run folder's config.json beside the file, then the recipe and the reproducing
     command the provenance records. `val_split` is the carved validation split config.json records, {seed,
     fraction, indices} (indices into the train split before carving), which `evaluate_on` checks its carve
     against."""
     out: dict[str, Any] = {"data": provenance.get("dataset"), "seed": provenance.get("seed"),
                            "val_fraction": provenance.get("val_fraction"), "val_split": None,
-                           "from": "checkpoint provenance"}
+                           "options": None, "from": "checkpoint provenance"}
     config, saved = _run_config(checkpoint)
+    if isinstance(saved.get("recipe"), dict) and saved["recipe"].get("data_args"):
+        out["options"] = dict(saved["recipe"]["data_args"])
     data_info = saved.get("data") if isinstance(saved.get("data"), dict) else {}
     carved = data_info.get("val_split")  # what the run actually carved
     indices = (data_info.get("split_indices") or {}).get("val_from_train")
@@ -142,6 +147,9 @@ def training_data(checkpoint: str, provenance: dict[str, Any]) -> dict[str, Any]
             out["seed"] = out["seed"] if out["seed"] is not None else recipe.get("seed")
             if out["val_fraction"] is None:
                 out["val_fraction"] = recipe.get("val_fraction")
+    if out["options"] is None and provenance.get("recipe"):  # a checkpoint away from its run folder
+        out["options"] = (_recipe_from_command(provenance["recipe"], provenance.get("command", "")) or {}).get(
+            "data_args") or None
     out["data"] = data_spec(out["data"])
     return out
 
@@ -161,15 +169,18 @@ def _run_config(checkpoint: str) -> tuple[str | None, dict[str, Any]]:
 
 def _recipe_from_command(name: str, command: str) -> dict[str, Any] | None:
     """The recipe a run used: the preset it names plus the `--set key=value` (and --seed/--data) of the command
-    the trainer records, which reproduces the run (see cli.train.canonical_command)."""
+    the trainer records, which reproduces the run (see cli.train.canonical_command); its `data.KEY=VALUE` settings
+    become the recipe's data_args."""
     from .training.recipes import get_recipe
 
     try:
-        recipe = get_recipe(name)
         argv = shlex.split(command or "")
+        # a run with --set changes is recorded as recipe 'custom': the command names the preset it started from
+        recipe = get_recipe(next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--recipe"), name))
         sets = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
         sets += [f"{flag[2:]}={argv[i + 1]}" for i, flag in enumerate(argv[:-1]) if flag in ("--seed", "--data")]
-        keep = [s for s in sets if s.split("=", 1)[0] in ("seed", "val_fraction", "data")]
+        keep = [s for s in sets if s.split("=", 1)[0] in ("seed", "val_fraction", "data", "data_args")
+                or s.startswith("data.")]
         return recipe.override(keep).to_dict()
     except (VitkitError, ValueError):
         return None

@@ -172,7 +172,7 @@ PROTOCOLS = ("top1", "knn", "linear")
 def probe_on(model, data: str, protocols: list[str] | tuple[str, ...] = ("knn", "linear"), *,
              split: str | None = None, seed: int = 0, val_fraction: float = 0.0, batch_size: int = 256,
              strict: bool = False, k: int = KNN_K, T: float = KNN_T, epochs: int = 90,
-             probe_seed: int = 0) -> dict[str, Any]:
+             probe_seed: int = 0, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Frozen-feature results of `model` on `data` (digits | fashion-mnist | FOLDER | MANIFEST.csv): the train
     split is the k-NN bank and the probe's training set; `split` (default test, else val) the queries.
     Returns {"data", "split", "count", "bank_count", "knn": {...}, "linear": {...}} for the protocols asked."""
@@ -183,7 +183,7 @@ def probe_on(model, data: str, protocols: list[str] | tuple[str, ...] = ("knn", 
         raise DataError("frozen-feature evaluation queries the test or val split (the train split is the bank)")
     # the data's own labels: the probes are fitted on them, whatever classes the model's head has
     ds_all, split, queries = load_eval_split(data, channels=int(model.preprocess.input_size[0]), split=split,
-                                             seed=seed, val_fraction=val_fraction, strict=strict)
+                                             seed=seed, val_fraction=val_fraction, strict=strict, options=options)
     if split == "all":  # eval_split's default for data that was never split: nothing held out to query
         raise DataError(f"frozen-feature evaluation needs a train split (the bank) and a separate eval split; "
                         f"{data} has no test or val split")

@@ -45,6 +45,27 @@ def emit(args: argparse.Namespace, data: Any, render: Callable[[Any], None]) -> 
         render(data)
 
 
+def add_data_options(p: argparse.ArgumentParser, default_note: str = "") -> None:
+    """`--set data.KEY=VALUE` (repeatable): the data source's own settings, as `vitkit train --set data.*` takes
+    them (shards: data.label_key; Hugging Face datasets: data.image_key, data.label_key, data.streaming)."""
+    p.add_argument("--set", dest="data_options", action="append", default=[], metavar="data.KEY=VALUE",
+                   help="a data source setting, e.g. data.label_key=json (repeatable)" + default_note)
+
+
+def data_options(args: argparse.Namespace) -> dict[str, str] | None:
+    """The `--set data.KEY=VALUE` settings as {KEY: VALUE}, None when none were given."""
+    from ..errors import ConfigError
+
+    out: dict[str, str] = {}
+    for item in getattr(args, "data_options", None) or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.startswith("data.") or len(key) == 5:
+            raise ConfigError(f"--set takes data.KEY=VALUE here (a data source setting), got {item!r}")
+        out[key[5:].replace("-", "_")] = value.strip()
+    return out or None
+
+
 def positive_int(text: str) -> int:
     try:
         v = int(text)

@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from .common import add_json, emit, positive_int, print_table
+from .common import add_data_options, add_json, data_options, emit, positive_int, print_table
 
 
 def register(sub) -> None:
@@ -28,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--merge", action="store_true", help="only join the parts of a finished sharded run in --out")
     p.add_argument("--keep-parts", action="store_true", help="keep parts/ after merging")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_data_options(p)
     add_json(p)
     p.set_defaults(func=run)
 
@@ -54,7 +55,8 @@ def run(args) -> int:
         meta = embed(model, args.source, args.out, checkpoint=args.checkpoint, split=args.split,
                      feature=args.feature, normalize=not args.no_normalize, dtype=args.dtype,
                      batch_size=args.batch_size, workers=args.workers, chunk_size=args.chunk_size,
-                     progress=not (args.quiet or args.json) and sys.stderr.isatty(), overwrite=args.overwrite)
+                     progress=not (args.quiet or args.json) and sys.stderr.isatty(), overwrite=args.overwrite,
+                     options=data_options(args))
         if rank != 0:
             return 0
     seconds = time.perf_counter() - t0

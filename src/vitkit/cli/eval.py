@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from ..data.splits import EVAL_SPLITS
-from .common import add_json, emit, load_backend, positive_int, print_table
+from .common import add_data_options, add_json, data_options, emit, load_backend, positive_int, print_table
 from .export import add_patch_size, add_precision, with_patch_size
 
 
@@ -39,6 +39,7 @@ def register(sub) -> None:
                    "converted on first use (cached)")
     add_precision(p)
     add_patch_size(p)
+    add_data_options(p, "; default: the settings the training run recorded, when --data is its data")
     p.add_argument("--protocol", type=_protocols, default=("top1",), metavar="top1|knn|linear|seg-linear|seg-knn",
                    help="top1: the model's own classifier (default); knn: weighted k-NN on frozen features (DINO: "
                    "k=20, T=0.07, the train split as the bank); linear: a linear probe (BatchNorm + linear, MAE) "
@@ -118,16 +119,18 @@ def run(args) -> int:
     seed = args.seed if args.seed is not None else (trained["seed"] if same and trained["seed"] is not None else 0)
     val_fraction = (trained["val_fraction"] if same else None) or 0.0
     training = trained if same else None
+    # the data source's settings: --set data.KEY=VALUE, else the run's own when this is its data (shards read
+    # with another label key, a datasets folder with other columns, would be other labels)
+    options = data_options(args) or (trained["options"] if same else None)
+    data_from = "--data" if args.data else trained["from"]
     if dense:
-        return _run_dense_protocols(args, model, data, seed, val_fraction, "--data" if args.data else trained["from"])
+        return _run_dense_protocols(args, model, data, seed, val_fraction, data_from, options)
     if tuple(args.protocol) != ("top1",):
-        return _run_protocols(args, model, data, seed, val_fraction, "--data" if args.data else trained["from"],
-                              training)
+        return _run_protocols(args, model, data, seed, val_fraction, data_from, training, options)
     out = {"checkpoint": str(args.checkpoint)} | evaluate_on(model, data, split=args.split, seed=seed,
                                                              val_fraction=val_fraction, batch_size=args.batch_size,
-                                                             strict=args.strict, training=training)
-    out |= {"seed": seed, "val_fraction": val_fraction,
-            "data_from": "--data" if args.data else trained["from"]}
+                                                             strict=args.strict, training=training, options=options)
+    out |= {"seed": seed, "val_fraction": val_fraction, "data_from": data_from, "data_options": options or {}}
     _warn(out["warnings"])
     if args.zeroshot:
         out["zeroshot"] = model.provenance["zeroshot"]
@@ -138,6 +141,9 @@ def run(args) -> int:
                     ["class", "precision %", "recall %", "support"],
                     [(c["class"], f"{c['precision']:.1f}", f"{c['recall']:.1f}", c["support"]) for c in d["per_class"]])
         print(f"{_scored(d)}\ntop-1 {d['top1']:.2f}%  top-5 {d['top5']:.2f}%  loss {d['loss']:.4f}")
+        if d.get("data_options"):
+            print("data settings: " + ", ".join(f"data.{k}={v}" for k, v in d["data_options"].items())
+                  + ("" if args.data_options else f" (from {d['data_from']})"))
         if d.get("zeroshot"):
             z = d["zeroshot"]
             print(f"zero-shot: {z['num_templates']} template(s) per class ({z['templates']}), prompts: "
@@ -164,7 +170,7 @@ def _warn(warnings: list[str]) -> None:
 
 
 def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_from: str,
-                   training: dict[str, Any] | None) -> int:
+                   training: dict[str, Any] | None, options: dict[str, Any] | None) -> int:
     """`--protocol knn,linear[,top1]`: one line per protocol (or one JSON object)."""
     from ..errors import ConfigError
     from ..inference import evaluate_on
@@ -175,16 +181,16 @@ def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_
         raise ConfigError(f"--protocol {','.join(frozen)} needs the model's features: use a torch checkpoint, "
                           "not an ONNX file")
     out: dict[str, Any] = {"checkpoint": str(args.checkpoint), "protocols": list(args.protocol), "seed": seed,
-                           "val_fraction": val_fraction, "data_from": data_from}
+                           "val_fraction": val_fraction, "data_from": data_from, "data_options": options or {}}
     if "top1" in args.protocol:
         res = evaluate_on(model, data, split=args.split, seed=seed, val_fraction=val_fraction,
-                          batch_size=args.batch_size, strict=args.strict, training=training)
+                          batch_size=args.batch_size, strict=args.strict, training=training, options=options)
         out |= {"data": res["data"], "split": res["split"], "count": res["count"],
                 "top1": {"top1": res["top1"], "top5": res["top5"], "loss": res["loss"]}}
         _warn(res["warnings"])
     res = probe_on(model, data, frozen, split=args.split, seed=seed, val_fraction=val_fraction,
                    batch_size=args.batch_size, strict=args.strict, k=args.k, T=args.knn_t,
-                   epochs=args.probe_epochs, probe_seed=args.probe_seed)
+                   epochs=args.probe_epochs, probe_seed=args.probe_seed, options=options)
     out |= {k: v for k, v in res.items() if k not in out or k in frozen}
 
     def render(d):
@@ -200,14 +206,15 @@ def _run_protocols(args, model, data: str, seed: int, val_fraction: float, data_
     return 0
 
 
-def _run_dense_protocols(args, model, data: str, seed: int, val_fraction: float, data_from: str) -> int:
+def _run_dense_protocols(args, model, data: str, seed: int, val_fraction: float, data_from: str,
+                         options: dict[str, Any] | None) -> int:
     """`--protocol seg-linear[,seg-knn]`: one line per protocol (or one JSON object)."""
     from ..training.dense_probe import dense_probe_on
 
     out: dict[str, Any] = {"checkpoint": str(args.checkpoint), "protocols": list(args.protocol), "seed": seed,
-                           "val_fraction": val_fraction, "data_from": data_from}
+                           "val_fraction": val_fraction, "data_from": data_from, "data_options": options or {}}
     out |= dense_probe_on(model, data, args.protocol, split=args.split, seed=seed, val_fraction=val_fraction,
-                          strict=args.strict, batch_size=args.batch_size, limit=args.limit, k=args.k, T=args.knn_t,
+                          strict=args.strict, options=options, batch_size=args.batch_size, limit=args.limit, k=args.k, T=args.knn_t,
                           epochs=args.probe_epochs, probe_seed=args.probe_seed)
 
     def render(d):
@@ -241,7 +248,7 @@ def _zeroshot_model(args):
         raise ConfigError("--zeroshot needs --data (digits | fashion-mnist | FOLDER | MANIFEST.csv): a CLIP pair "
                           "was not trained on a labelled set to default to")
     load_templates(args.templates)  # a bad template file is refused before anything is read
-    names = load_data(args.data, strict=args.strict).class_names
+    names = load_data(args.data, strict=args.strict, options=data_options(args)).class_names
     prompts = parse_labels(args.labels) if args.labels else names
     if len(prompts) != len(names):
         raise ConfigError(f"--labels gives {len(prompts)} names, {args.data} has {len(names)} classes "

@@ -154,7 +154,8 @@ def embed(model: nn.Module, src: str | Source, out: str | os.PathLike, *, checkp
           split: str = "all", feature: str = "pooled", normalize: bool = True, dtype: str = "float32",
           batch_size: int = 64, workers: int = 0, chunk_size: int = 1024, progress: bool = False,
           overwrite: bool = False, rank: int | None = None, world_size: int | None = None,
-          merge_timeout: float = 3600.0, on_chunk: Callable[[int], None] | None = None) -> dict[str, Any]:
+          merge_timeout: float = 3600.0, on_chunk: Callable[[int], None] | None = None,
+          options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Embed every image of `src` into `out` (see the module docstring), resuming an unfinished run of the same
     plan. Returns the merged summary (meta.json) on rank 0, or this rank's part summary on the others."""
     if dtype not in DTYPES:
@@ -165,7 +166,7 @@ def embed(model: nn.Module, src: str | Source, out: str | os.PathLike, *, checkp
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     out = Path(out)
-    source = src if isinstance(src, Source) else open_source(src, split)
+    source = src if isinstance(src, Source) else open_source(src, split, options)
     if (out / META).exists():
         if not overwrite:
             raise DataError(f"{out} already holds finished embeddings; pass --overwrite to redo them, or another --out")

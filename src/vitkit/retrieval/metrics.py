@@ -15,6 +15,7 @@ self-supervised evaluation; `evaluate` reports it beside these.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,24 +44,38 @@ def excluded_rows(n_queries: int, exclude_self: bool = False, exclude=None) -> t
     return rows if bool((rows >= 0).any()) else None
 
 
+GALLERY_BLOCK = 65536  # gallery rows normalised and scored at a time: a memory-mapped collection is never read whole
+
+
 @torch.no_grad()
 def exact_topk(queries, gallery, k: int, *, exclude_self: bool = False, exclude=None,
                chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """Brute-force cosine top-k: (scores [M, k], gallery rows [M, k]), best first. `exclude_self`: queries are the
     gallery in the same order and never retrieve themselves; `exclude` [M]: the gallery row each query never
-    retrieves (-1: none)."""
-    q, g = _tensor(queries), _tensor(gallery)
+    retrieves (-1: none). The gallery (an array or a memory map, any float dtype) is read once, GALLERY_BLOCK rows
+    at a time, keeping each query's best k so far."""
+    q = _tensor(queries)
     own = excluded_rows(len(q), exclude_self, exclude)
-    k = min(k, len(g) - int(own is not None))
-    scores, ids = [], []
-    for i in range(0, len(q), chunk):
-        sim = q[i:i + chunk] @ g.T  # [m, N]
-        if own is not None:
-            mask_excluded(sim, own[i:i + chunk])
-        s, j = sim.topk(k, dim=1)
-        scores.append(s)
-        ids.append(j)
-    return torch.cat(scores), torch.cat(ids)
+    n = len(gallery)
+    k = min(k, n - int(own is not None))
+    best_s = torch.full((len(q), 0), -math.inf)  # [M, <=k]
+    best_j = torch.zeros((len(q), 0), dtype=torch.long)
+    for start in range(0, n, GALLERY_BLOCK):
+        g = _tensor(gallery[start:start + GALLERY_BLOCK])  # [b, D]
+        block_s, block_j = [], []
+        for i in range(0, len(q), chunk):
+            sim = q[i:i + chunk] @ g.T  # [m, b]
+            if own is not None:
+                local = own[i:i + chunk] - start  # [m]: the excluded row's place in this block
+                mask_excluded(sim, torch.where((local >= 0) & (local < len(g)), local, -1))
+            s, j = sim.topk(min(k, len(g)), dim=1)  # [m, k]
+            block_s.append(s)
+            block_j.append(j + start)
+        s = torch.cat([best_s, torch.cat(block_s)], dim=1)  # [M, <=2k]
+        j = torch.cat([best_j, torch.cat(block_j)], dim=1)
+        best_s, order = s.topk(min(k, s.shape[1]), dim=1)
+        best_j = j.gather(1, order)
+    return best_s, best_j
 
 
 def recall_at_k(neighbour_labels: torch.Tensor, query_labels: torch.Tensor, ks: Sequence[int] = (1, 5, 10)) -> dict:

@@ -72,13 +72,14 @@ class Source:
         return img, info
 
 
-def open_source(spec: str, split: str = "all") -> Source:
-    """Resolve `spec` (a folder, a CSV manifest or a built-in dataset name) into a Source."""
+def open_source(spec: str, split: str = "all", options: dict[str, Any] | None = None) -> Source:
+    """Resolve `spec` (a folder, a CSV manifest, a built-in dataset name or another data source: shards, a
+    datasets folder) into a Source; `options`: that source's settings (`data.label_key=...`)."""
     spec = str(spec)
     if split not in SPLITS:
         raise DataError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if spec in BUILTIN_ALIASES or claiming_source(spec) is not None:  # a data source's splits (shards, ...)
-        return _dataset(spec, split)
+        return _dataset(spec, split, options)
     path = Path(spec).expanduser()
     if not path.exists():
         raise DataError(f"{spec}: no such folder, CSV manifest or built-in dataset (built-in: {', '.join(BUILTIN)})")
@@ -95,8 +96,8 @@ def open_source(spec: str, split: str = "all") -> Source:
     return src
 
 
-def _dataset(spec: str, split: str) -> Source:
-    bundle = load_data(spec)
+def _dataset(spec: str, split: str, options: dict[str, Any] | None = None) -> Source:
+    bundle = load_data(spec, options=options)
     splits = {"train": bundle.train, "val": bundle.val, "test": bundle.test}
     chosen = [s for s in ("train", "val", "test") if splits[s] is not None] if split == "all" else [split]
     if splits.get(chosen[0]) is None:

@@ -176,7 +176,8 @@ def dense_probe(model: nn.Module, train, queries, class_names: list[str], protoc
 
 
 def dense_probe_on(model: nn.Module, data: str, protocols=DENSE_PROTOCOLS, *, split: str | None = None,
-                   seed: int = 0, val_fraction: float = 0.0, strict: bool = False, **kw) -> dict[str, Any]:
+                   seed: int = 0, val_fraction: float = 0.0, strict: bool = False,
+                   options: dict[str, Any] | None = None, **kw) -> dict[str, Any]:
     """`dense_probe` on a segmentation set by name: its train split against `split` (default test, else val).
     Returns {"data", "split", "count", "bank_count", "seg-linear": {...}, "seg-knn": {...}, ...}."""
     from ..data.datasets import load_eval_split
@@ -187,6 +188,6 @@ def dense_probe_on(model: nn.Module, data: str, protocols=DENSE_PROTOCOLS, *, sp
     if split in ("train", "all"):
         raise DataError("dense probes score the test or val split (the train split trains them)")
     bundle, split, queries = load_eval_split(data, channels=int(model.preprocess.input_size[0]), split=split,
-                                             seed=seed, val_fraction=val_fraction, strict=strict)
+                                             seed=seed, val_fraction=val_fraction, strict=strict, options=options)
     return {"data": bundle.name, "split": split} | dense_probe(model, bundle.train, queries, bundle.class_names,
                                                                protocols, **kw)
