@@ -258,6 +258,29 @@ def test_embed_over_shards_equals_embed_over_the_files(photos, tmp_path):
             files.rows[j]["width"], files.rows[j]["height"])
 
 
+def test_search_sheet_shows_hits_read_back_from_the_shards(photos, tmp_path, capsys):
+    """Hits of an index over shards are sample keys, not files: the contact sheet reads each from the shards the
+    index records, so the query's own sample shows as the query does (before, an empty cell)."""
+    folder, shards = photos
+    torch.manual_seed(0)
+    vitkit.save_model(vitkit.create_model("vit_pico_patch2_8", img_size=16, depth=1, num_classes=0),
+                      tmp_path / "m.safetensors")
+    assert cli(["embed", str(tmp_path / "m.safetensors"), str(shards), "--out", str(tmp_path / "emb"), "--quiet",
+                "--workers", "0"]) == 0
+    assert cli(["index", str(tmp_path / "emb"), "--out", str(tmp_path / "idx"), "--kind", "flat"]) == 0
+    query = next((folder / "test" / "a").glob("astronaut*"))
+    capsys.readouterr()
+    assert cli(["search", str(tmp_path / "idx"), str(query), "-k", "3", "--sheet", str(tmp_path / "s.png"),
+                "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)["results"][0]["hits"]
+    assert hits[0]["path"].startswith("test/") and _sources(shards)[hits[0]["path"]] == str(query.relative_to(folder))
+    sheet = np.asarray(Image.open(tmp_path / "s.png").convert("RGB"))
+    cell = [sheet[4:4 + 112, 4 + c * 116:4 + c * 116 + 112] for c in range(4)]  # query, then the 3 hits
+    np.testing.assert_array_equal(cell[1], cell[0])  # the top hit is the query's own image
+    for c in cell[2:]:
+        assert (c != 255).any()  # an image, not the empty cell of an unreadable hit
+
+
 def test_training_from_shards_reaches_the_folder_runs_weights(digits, tmp_path, capsys):
     folder, shards = digits
     assert cli(["train", "--data", str(folder), "--out", str(tmp_path / "folder"), *QUICK]) == 0

@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..errors import ConfigError
-    from ..retrieval.index import SearchIndex
+    from ..retrieval.index import SearchIndex, image_sources
 
     index = SearchIndex.load(args.index)
     if args.nprobe or args.ef_search:
@@ -56,7 +56,7 @@ def run(args) -> int:
            "results": [{"query": q, "kind": kind, "hits": hits_json(h)} for (kind, q), h in zip(queries, results)],
            "errors": errors}
     if args.sheet and results:
-        out["sheet"] = str(contact_sheet(queries, results, args.sheet))
+        out["sheet"] = str(contact_sheet(queries, results, args.sheet, sources=image_sources(index.meta)))
 
     def render(d):
         for r in d["results"]:

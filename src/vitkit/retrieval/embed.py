@@ -128,8 +128,10 @@ def _chunk_name(i: int) -> str:
     return f"{i:06d}"
 
 
-def _plan(source: Source, identity: dict, dtype: str, chunk_size: int, split: str) -> dict:
-    return {"source": source.spec, "split": split, "kind": source.kind, "count": len(source),
+def _plan(source: Source, identity: dict, dtype: str, chunk_size: int, split: str,
+          options: dict[str, Any] | None = None) -> dict:
+    return {"source": source.spec, "split": split, "options": dict(options or {}), "kind": source.kind,
+            "count": len(source),
             "items_sha256": source.digest(), "model": identity, "dtype": dtype, "chunk_size": chunk_size}
 
 
@@ -173,7 +175,7 @@ def embed(model: nn.Module, src: str | Source, out: str | os.PathLike, *, checkp
         if rank == 0:
             clear(out)
     identity = model_identity(model, checkpoint, feature, normalize)
-    plan = _plan(source, identity, dtype, chunk_size, split)
+    plan = _plan(source, identity, dtype, chunk_size, split, options)
     parts = out / PARTS
     saved = parts / "plan.json"
     if saved.exists():
@@ -313,7 +315,8 @@ def merge(out: str | os.PathLike, keep_parts: bool = False) -> dict[str, Any]:
     atomic_write_text(out / MANIFEST, "\n".join(lines) + "\n")
     labels = sorted({json.loads(line)["label"] for line in lines} - {None})
     meta = {"count": total, "dim": int(shapes[0][-1]), "shape": [total, *map(int, shapes[0])], "dtype": plan["dtype"],
-            "source": plan["source"], "split": plan["split"], "source_kind": plan["kind"], "items": plan["count"],
+            "source": plan["source"], "split": plan["split"], "source_options": plan.get("options", {}),
+            "source_kind": plan["kind"], "items": plan["count"],
             "items_sha256": plan["items_sha256"], "model": plan["model"], "labels": labels,
             "num_skipped": len(skipped), "skipped": skipped}
     atomic_write_text(out / META, json.dumps(meta, indent=1))

@@ -283,12 +283,26 @@ def build_index(emb_dir: str | os.PathLike, out: str | os.PathLike, kind: str = 
     meta = {"kind": plan.kind, "factory": factory, "metric": "cosine (inner product of L2-normalised vectors)",
             "count": int(n), "dim": int(dim), "params": params, "model": emb.model_identity,
             "embeddings": str(Path(emb_dir).resolve()), "embeddings_dtype": emb.meta["dtype"],
-            "source": emb.meta.get("source"), "train_seconds": round(times["train"], 3),
+            **source_of(emb), "train_seconds": round(times["train"], 3),
             "build_seconds": round(times["build"], 3), "choice": plan.reason,
             "max_memory_bytes": None if max_memory is None else budget.parse_memory(max_memory),
             "estimated_bytes": plan.estimated_bytes, "recall_at_10": recall, "next_id": int(n), "changes": []}
     generation = 0 if old is None else old.get("generation", 0) + 1
     return _commit(out, index, lambda tmp: shutil.copyfile(Path(emb_dir) / MANIFEST, tmp), meta, generation)
+
+
+def source_of(emb: Embeddings) -> dict[str, Any]:
+    """Where the embedded images came from, as the index records it (the contact sheet reads a hit's image back
+    from it when the hit is a sample of a data source, not a file): the spec, split and source settings."""
+    return {"source": emb.meta.get("source"), "source_split": emb.meta.get("split", "all"),
+            "source_options": emb.meta.get("source_options") or {}}
+
+
+def image_sources(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every source an index's vectors were embedded from: its build's, then each --add's."""
+    found = [meta, *meta.get("changes", [])]
+    return [{"spec": m["source"], "split": m.get("source_split", "all"), "options": m.get("source_options") or {}}
+            for m in found if m.get("source")]
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -318,7 +332,7 @@ def add_to_index(index_dir: str | os.PathLike, emb_dir: str | os.PathLike) -> di
     rows = index.rows_with_ids() + [r | {"id": first + i} for i, r in enumerate(emb.rows)]
     n = int(index.index.ntotal)
     change = {"added": int(len(vecs)), "from": str(Path(emb_dir).resolve()), "first_id": first,
-              "last_id": first + len(vecs) - 1}
+              "last_id": first + len(vecs) - 1, **source_of(emb)}
     return _update(index, rows, n, first + len(vecs), change)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -144,29 +145,47 @@ def hit_captions(hits: list[Hit]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- contact sheet
-@functools.lru_cache(maxsize=4)
-def _dataset_source(name: str, split: str):
+@functools.lru_cache(maxsize=8)
+def _opened(spec: str, split: str, options: str):
+    """(the Source, its item number by reference), opened once per sheet source (`options`: sorted JSON)."""
     from .sources import open_source
 
-    return open_source(name, split)
+    source = open_source(spec, split, json.loads(options) or None)
+    return source, {ref: i for i, ref in enumerate(source.refs)}
 
 
-def load_item(path: str, channels: int = 3):
-    """A hit's image as a PIL image: the file, or the item of a built-in dataset (`NAME:SPLIT/INDEX`)."""
+def _pil(x):
     from PIL import Image
 
-    if not os.path.exists(path) and ":" in path and "/" in path.rsplit(":", 1)[1]:
+    if isinstance(x, Image.Image):
+        return x
+    arr = x.numpy()  # uint8 [C, H, W]
+    return Image.fromarray(arr[0] if arr.shape[0] == 1 else arr.transpose(1, 2, 0))
+
+
+def load_item(path: str, channels: int = 3, sources: list[dict] | None = None):
+    """A hit's image as a PIL image: the file; the item of a built-in dataset (`NAME:SPLIT/INDEX`); else the
+    sample of that reference (a shard key such as `train/000001`) in one of `sources`, the data the index was
+    embedded from ([{spec, split, options}], `index.image_sources`)."""
+    if os.path.exists(path):
+        return load_image(path, channels)
+    if ":" in path and "/" in path.rsplit(":", 1)[1]:
         name, rest = path.rsplit(":", 1)
         split, i = rest.split("/")
-        x, _ = _dataset_source(name, split).datasets[split][int(i)]  # uint8 [C, H, W]
-        arr = x.numpy()  # [C, H, W] uint8
-        return Image.fromarray(arr[0] if arr.shape[0] == 1 else arr.transpose(1, 2, 0))
-    return load_image(path, channels)
+        if i.isdigit():
+            source, _ = _opened(name, split, "{}")
+            return _pil(source.datasets[split][int(i)][0])
+    for s in sources or []:
+        source, by_ref = _opened(s["spec"], s.get("split", "all"), json.dumps(s.get("options") or {}, sort_keys=True))
+        if path in by_ref:
+            return _pil(source.load(by_ref[path], channels)[0])
+    return load_image(path, channels)  # a moved or deleted file: its own one-line error
 
 
 def contact_sheet(queries: list[tuple[str, Any]], results: list[list[Hit]], out: str | os.PathLike,
-                  thumb: int = 112) -> Path:
-    """One row per query: the query (an image path, or text) then its hits, each captioned with rank and score."""
+                  thumb: int = 112, sources: list[dict] | None = None) -> Path:
+    """One row per query: the query (an image path, or text) then its hits, each captioned with rank and score.
+    `sources`: the data the index was embedded from, where hits that are not files are read back (`load_item`)."""
     from PIL import Image, ImageDraw
 
     cols = 1 + max((len(r) for r in results), default=0)
@@ -188,7 +207,7 @@ def contact_sheet(queries: list[tuple[str, Any]], results: list[list[Hit]], out:
         else:
             draw.text((8, 4 + r * (thumb + cap + 6) + thumb // 2), f'"{q}"'[: thumb // 6], fill="black")
         for c, (h, caption) in enumerate(zip(hits, hit_captions(hits)), start=1):
-            paste(_safe(load_item, h.path), c, r, caption)
+            paste(_safe(load_item, h.path, 3, sources), c, r, caption)
     out = Path(out)
     with atomic_path(out) as tmp:
         sheet.save(tmp, format="PNG")
