@@ -8,7 +8,8 @@ from .common import add_json, emit, positive_int, print_table
 
 def register(sub) -> None:
     p = sub.add_parser("search", help="top-k images of an index for query images or text; --eval for Recall@k/mAP")
-    p.add_argument("index", help="an index folder written by `vitkit index`")
+    p.add_argument("index", help="an index folder written by `vitkit index`; several (comma-separated, or a "
+                   "quoted glob such as 'idx-*'): the parts of one collection, searched together and merged by score")
     p.add_argument("queries", nargs="*", help="query image files")
     p.add_argument("--text", action="append", default=[], help="a text query (CLIP models; repeatable)")
     p.add_argument("-k", "--top-k", type=positive_int, default=10)
@@ -26,13 +27,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..errors import ConfigError
-    from ..retrieval.index import SearchIndex, image_sources
+    from ..retrieval.index import SearchIndex
+    from ..retrieval.sharded import ShardedIndex, index_folders
 
-    index = SearchIndex.load(args.index)
+    folders = index_folders(args.index)
+    index = SearchIndex.load(folders[0]) if len(folders) == 1 else ShardedIndex.load(folders)
+    if args.eval and len(folders) > 1:
+        raise ConfigError("--eval scores one index against its own collection: give one index folder")
     if args.nprobe or args.ef_search:
-        from ..retrieval.index import set_search_params
-
-        set_search_params(index.index, args.nprobe, args.ef_search)
+        index.set_search_params(args.nprobe, args.ef_search)
         index.meta["params"] = index.meta.get("params", {}) | {k: v for k, v in (
             ("nprobe", args.nprobe), ("ef_search", args.ef_search)) if v}
     if args.eval:
@@ -52,19 +55,20 @@ def run(args) -> int:
     if args.text:
         results += index.search(embed_texts(model, args.text, ident["feature"]), args.top_k)
         queries += [("text", t) for t in args.text]
-    out = {"index": str(args.index), "k": args.top_k, "params": index.meta.get("params", {}),
+    out = {"index": str(args.index), "parts": [str(f) for f in folders], "k": args.top_k, "params": index.meta.get("params", {}),
            "results": [{"query": q, "kind": kind, "hits": hits_json(h)} for (kind, q), h in zip(queries, results)],
            "errors": errors}
     if args.sheet and results:
-        out["sheet"] = str(contact_sheet(queries, results, args.sheet, sources=image_sources(index.meta)))
+        out["sheet"] = str(contact_sheet(queries, results, args.sheet, sources=index.sources()))
 
     def render(d):
         for r in d["results"]:
             scores = score_labels([h["score"] for h in r["hits"]], min_decimals=4)
+            several = len(d["parts"]) > 1  # then each hit says which part it came from
             rows = [(i + 1, score, h["label"] if h["label"] is not None else "", h["path"])
-                    for i, (h, score) in enumerate(zip(r["hits"], scores))]
-            print_table(f"{r['kind']}: {r['query']}", ["#", "score", "label", "path"], rows,
-                        justify=["right", "right", "left", "left"])
+                    + ((h["index"],) if several else ()) for i, (h, score) in enumerate(zip(r["hits"], scores))]
+            print_table(f"{r['kind']}: {r['query']}", ["#", "score", "label", "path"] + ["index"] * several, rows,
+                        justify=["right", "right", "left", "left"] + ["left"] * several)
         if d.get("sheet"):
             print(f"contact sheet: {d['sheet']}")
 

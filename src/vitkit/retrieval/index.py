@@ -419,12 +419,14 @@ def remove_from_index(index_dir: str | os.PathLike, spec: str) -> dict[str, Any]
 class Hit:
     """One search result: the original item (`path`: a file, or `NAME:SPLIT/INDEX`), cosine `score`, its label
     (None when unlabelled) and its `row`: its id in the index (the row of the embeddings for an index built once;
-    ids never change when vectors are added or removed)."""
+    ids never change when vectors are added or removed); `index`: the index folder it came from, when several
+    were searched as one (retrieval/sharded.py), else None."""
 
     path: str
     score: float
     label: str | None
     row: int
+    index: str | None = None
 
 
 class SearchIndex:
@@ -472,6 +474,14 @@ class SearchIndex:
 
     def __len__(self) -> int:
         return int(self.index.ntotal)
+
+    def sources(self) -> list[dict[str, Any]]:
+        """Every source this index's vectors were embedded from (for the contact sheet)."""
+        return image_sources(self.meta)
+
+    def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Change the stored search settings of this loaded index (per-call values: `search(nprobe=...)`)."""
+        set_search_params(self.index, nprobe, ef_search)
 
     def check_identity(self, identity: dict) -> None:
         """Refuse query features from another model (weights, preprocessing, feature kind or normalisation)."""

@@ -72,7 +72,8 @@ def embed_texts(model: nn.Module, texts: list[str], feature: str = "pooled") -> 
 
 
 def hits_json(hits: list[Hit]) -> list[dict[str, Any]]:
-    return [{"path": h.path, "score": h.score, "label": h.label, "row": h.row} for h in hits]
+    return [{"path": h.path, "score": h.score, "label": h.label, "row": h.row}
+            | ({"index": h.index} if h.index is not None else {}) for h in hits]
 
 
 # ---------------------------------------------------------------------------- queries from the collection
