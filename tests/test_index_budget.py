@@ -86,17 +86,17 @@ def test_memory_sizes_parse_with_units_and_refuse_the_rest():
 def test_the_choice_follows_the_budget_at_1m_vectors():
     n, d = 10**6, 384
     assert plan_index(n, d, "4GB").kind == "hnsw" and plan_index(n, d, "4GB").hnsw_m == 32
-    fewer_links = plan_index(n, d, "1.7GB")  # (1.7e9 / 1e6 - 4 * 384 - 8) / 8 = 19.5 links
-    assert (fewer_links.kind, fewer_links.hnsw_m) == ("hnsw", 19)
-    assert plan_index(n, d, "1.6GB").kind == "ivf"  # full vectors fit, an HNSW8 graph does not
+    # room for 19 links ((1.7e9 / 1e6 - 4 * 384 - 8) / 8): HNSW19 measured 0.76 recall@10, so IVF instead
+    assert plan_index(n, d, "1.7GB").kind == "ivf" and "an HNSW32 graph does not" in plan_index(n, d, "1.7GB").reason
+    assert plan_index(n, d, "1.6GB").kind == "ivf"  # full vectors fit, an HNSW32 graph does not
+    assert plan_index(n, d, "1.9GB", hnsw_m=16).hnsw_m == 16  # the links asked for, when they fit
     reranked = plan_index(n, d, "1GB")
     assert (reranked.kind, reranked.pq_m, reranked.rerank) == ("ivfpq", 48, "fp16")
     assert plan_index(n, d, "1GB", rerank="none").rerank is None
     codes = plan_index(n, d, "200MB")  # no room for float16 vectors (768 MB): the most code bytes that fit
     assert (codes.kind, codes.pq_m, codes.rerank) == ("ivfpq", 96, None)
     assert plan_index(n, d, "30MB").pq_m == 12  # 12 + 8 id bytes per vector, and 6.1 MB of IVF4000 centroids
-    for plan, size in ((fewer_links, "1.7GB"), (reranked, "1GB")):  # the budget is what limits these two
-        assert 0.8 * parse_memory(size) < plan.estimated_bytes <= parse_memory(size)
+    assert 0.8 * parse_memory("1GB") < reranked.estimated_bytes <= parse_memory("1GB")  # the budget limits it
     assert codes.estimated_bytes <= parse_memory("200MB")  # capped at D/4 code bytes
     assert plan_index(50_000, d, "1GB").kind == "flat"  # small collections: exact search
     with pytest.raises(ConfigError, match=r"too small for any index of 1,000,000 x 384 .* IVF-PQ6, needs ~"):
