@@ -17,6 +17,7 @@ import os
 import pickle
 import shutil
 import socket
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -493,3 +494,102 @@ def test_hub_dataset_loads_and_then_loads_offline_from_the_cache(fresh_python, s
                                 HF_ENDPOINT=f"http://127.0.0.1:{_unused_port()}")
     assert again.returncode == 0 and json.loads(again.stdout) == got, again.stderr
     assert "Retrying" not in again.stderr
+
+
+# ---------------------------------------------------------------------------- streaming, into shards
+def _tar_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.tar"))}
+
+
+def test_a_streamed_dataset_converts_to_the_shards_of_the_loaded_one(saved, source, tmp_path, capsys):
+    """`vitkit shards DATASET --set data.streaming=true` reads the Parquet files in place, row by row (datasets'
+    streaming), and writes the same shards, byte for byte, as the conversion of the loaded save_to_disk copy;
+    the shards read back as the dataset: classes, labels and pixels per split."""
+    assert cli(["shards", str(saved["parquet"]), "--out", str(tmp_path / "streamed"), "--per-shard", "16",
+                "--set", "data.streaming=true", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["samples"] == {"train": 50, "val": 10, "test": 20} and res["shards"] == {"train": 4, "val": 1, "test": 2}
+    assert res["classes"] == CLASSES and res["num_skipped"] == 0
+    assert cli(["shards", str(saved["saved"]), "--out", str(tmp_path / "loaded"), "--per-shard", "16"]) == 0
+    assert _tar_bytes(tmp_path / "streamed") == _tar_bytes(tmp_path / "loaded")
+    back, reference = load_data(str(tmp_path / "streamed"), channels=1), load_data(str(saved["saved"]), channels=1)
+    assert back.class_names == CLASSES
+    for role in ("train", "val", "test"):
+        got, want = getattr(back, role), getattr(reference, role)
+        assert got.labels.tolist() == want.labels.tolist()
+        for i in range(len(got)):
+            np.testing.assert_array_equal(_pixels(got, i), _pixels(want, i))
+    # where the sample came from: the dataset's own row key
+    with tarfile.open(tmp_path / "streamed" / "test-000000.tar") as tar:
+        about = json.loads(tar.extractfile("test/000000.json").read())
+    assert about == {"label": CLASSES[source["test"][1][0]], "source": source["test"][2][0]}
+
+
+def test_a_stream_without_a_class_list_skips_unlabelled_and_unreadable_rows(source, tmp_path, capsys):
+    """Plain integer labels (no ClassLabel): the classes are known only after a full pass, so the samples carry
+    their label in .json and no class file is written; rows without a label and undecodable images are
+    skipped and counted (or stop with --strict)."""
+    from datasets import Features, Value
+    from datasets import Image as ImageFeature
+
+    images, labels, _ = source["train"]
+    cells = [{"bytes": _png(x), "path": None} for x in images]
+    cells[3] = {"bytes": b"\x89PNG\r\n\x1a\n broken", "path": None}
+    values = [None if i == 5 else y + 3 for i, y in enumerate(labels)]
+    ds = datasets.Dataset.from_dict({"image": cells, "label": values},
+                                    features=Features({"image": ImageFeature(), "label": Value("int64")}))
+    ds.to_parquet(str(tmp_path / "plain.parquet"))
+    assert cli(["shards", str(tmp_path / "plain.parquet"), "--out", str(tmp_path / "s"), "--per-shard", "100",
+                "--set", "data.streaming=true", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["samples"] == {"train": 48} and res["num_skipped"] == 2 and res["classes"] is None
+    assert not (tmp_path / "s" / "classes.json").exists()
+    back = load_data(str(tmp_path / "s"), channels=1)
+    kept = [i for i in range(len(labels)) if i not in (3, 5)]
+    assert back.info["label_key"] == "label" and back.class_names == [str(v) for v in range(3, 13)]
+    assert back.train.labels.tolist() == [labels[i] for i in kept]
+    np.testing.assert_array_equal(_pixels(back.train, 3), images[kept[3]])
+    assert cli(["shards", str(tmp_path / "plain.parquet"), "--out", str(tmp_path / "s2"), "--strict",
+                "--set", "data.streaming=true"]) == 2
+    assert "--strict stops at the first unreadable image" in capsys.readouterr().err
+
+
+def test_training_on_a_stream_says_to_convert_it_first(saved, tmp_path, capsys):
+    err = _one_line_cli_error(["train", "--data", str(saved["parquet"]), "--out", str(tmp_path / "r"),
+                               "--set", "data.streaming=true", *QUICK], capsys)
+    assert "vitkit shards" in err and "--set data.streaming=true --out DIR" in err
+    assert not (tmp_path / "r").exists()
+    err = _one_line_cli_error(["shards", str(saved["parquet"]), "--out", str(tmp_path / "s"),
+                               "--set", "data.streaming=maybe"], capsys)
+    assert "data.streaming takes true or false, got 'maybe'" in err
+
+
+def test_streaming_a_hub_dataset_offline_is_one_line(fresh_python, tmp_path):
+    argv = ["shards", "hf:vitkit-tests/no-such-set", "--out", str(tmp_path / "s"), "--set", "data.streaming=true"]
+    code = f"import sys\nfrom vitkit.cli.main import main\nsys.exit(main({argv!r}))\n"
+    res, seconds = _in_fresh_python(fresh_python, code, tmp_path / "hf-home", tmp_path, HF_HUB_OFFLINE="1")
+    err = res.stderr.strip()
+    assert res.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "cannot stream hub dataset 'vitkit-tests/no-such-set': offline mode is on" in err and seconds < 30
+
+
+def test_a_hub_dataset_streams_into_shards(fresh_python, saved, tmp_path):
+    """`hf:NAME` streamed through datasets' real hub code (byte ranges of the Parquet files from a local
+    stand-in for the hub), into the same shards as the local conversion."""
+    files = {"README.md": b"---\nlicense: bsd-3-clause\n---\n# digits\n"}
+    files |= {f"data/{p.name}": p.read_bytes() for p in (saved["parquet"] / "data").glob("*.parquet")}
+    argv = ["shards", f"hf:{HUB_REPO}", "--out", str(tmp_path / "hub"), "--per-shard", "16", "--set",
+            "data.streaming=true"]
+    code = f"import sys\nfrom vitkit.cli.main import main\nsys.exit(main({argv!r}))\n"
+    server = _fake_hub(files)
+    try:
+        res, _ = _in_fresh_python(fresh_python, code, tmp_path / "hf-home", tmp_path,
+                                  HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.returncode == 0, res.stderr
+    assert cli(["shards", str(saved["saved"]), "--out", str(tmp_path / "local"), "--per-shard", "16"]) == 0
+    assert _tar_bytes(tmp_path / "hub") == _tar_bytes(tmp_path / "local")
+    cached = [p for p in (tmp_path / "hf-home").rglob("*") if p.suffix in (".arrow", ".parquet")]
+    assert not cached  # streamed: nothing downloaded whole into datasets' cache

@@ -65,10 +65,85 @@ def claims(spec: str) -> bool:
 
 
 def load(spec: str, *, seed: int = 0, strict: bool = False, channels: int = 3, allow_download: bool = True,
-         image_key: str | None = None, label_key: str | None = None) -> DataBundle:
-    """`spec` -> DataBundle of the dataset's own splits (`seed` is unused: no split is carved here)."""
+         image_key: str | None = None, label_key: str | None = None, streaming: str | bool = False) -> DataBundle:
+    """`spec` -> DataBundle of the dataset's own splits (`seed` is unused: no split is carved here).
+    `streaming`: see `stream`; training and evaluation read a stream's conversion to shards."""
+    if is_on(streaming):
+        raise DataError(f"{spec}: data.streaming=true reads a dataset once, in order, without downloading it whole: "
+                        f"convert it with `vitkit shards {spec} --set data.streaming=true --out DIR`, then train and "
+                        "evaluate from DIR (random access: seeded shuffling, exact resume); or leave streaming off")
     with _quiet_progress():
         return _load(spec, strict, channels, allow_download, image_key, label_key)
+
+
+def is_on(flag: str | bool | None) -> bool:
+    """A data setting's yes/no: true/1/yes/on (any case) or True."""
+    if isinstance(flag, bool) or flag is None:
+        return bool(flag)
+    text = str(flag).strip().lower()
+    if text not in ("true", "1", "yes", "on", "false", "0", "no", "off", ""):
+        raise DataError(f"data.streaming takes true or false, got {flag!r}")
+    return text in ("true", "1", "yes", "on")
+
+
+class Stream:
+    """A dataset read once, in order (`stream`): `splits` {bundle split: (dataset split name, its rows)}, each
+    row iterated as (key, undecoded image cell {'bytes', 'path'}, label value), `class_names` the ClassLabel's
+    names (None when the labels are plain integers or names: their classes are known only after a full pass),
+    `image_key` / `label_key` the columns used."""
+
+    def __init__(self, spec: str, splits: dict, image_key: str, label_key: str, key_column: str | None,
+                 class_names: list[str] | None):
+        self.spec, self.image_key, self.label_key, self.key_column = spec, image_key, label_key, key_column
+        self.class_names = class_names
+        self._splits = splits
+
+    def roles(self) -> list[str]:
+        return list(self._splits)
+
+    def rows(self, role: str) -> Iterator[tuple[str, dict, Any]]:
+        name, table = self._splits[role]
+        for i, row in enumerate(table):
+            key = str(row[self.key_column]) if self.key_column else f"{name}/{i}"
+            yield key, row[self.image_key], row[self.label_key]
+
+
+def stream(spec: str, *, streaming: bool = True, allow_download: bool = True, image_key: str | None = None,
+           label_key: str | None = None) -> Stream:
+    """`spec`'s rows in order. With `streaming` (datasets' `streaming=True`): a hub dataset row by row over the
+    network, never downloaded whole nor converted into the cache; Parquet / Arrow files read in place; a
+    save_to_disk folder through `to_iterable_dataset`. Without: the dataset as `load` opens it (downloaded and
+    cached), iterated. The columns are found as `load` finds them, from the features."""
+    datasets = _datasets()
+    with _quiet_progress():
+        if not streaming:
+            splits, _ = _open(spec, allow_download)
+        elif spec.startswith(HUB_PREFIX):
+            splits = _splits(_from_hub(spec, allow_download, streaming=True))
+        else:
+            path = Path(spec).expanduser()
+            try:
+                if path.is_dir() and _is_saved(path):
+                    splits = {n: d.to_iterable_dataset() for n, d in _splits(datasets.load_from_disk(str(path))).items()}
+                else:
+                    files = [path] if path.is_file() else _table_files(path)
+                    form = "parquet" if any(p.suffix.lower() == ".parquet" for p in files) else "arrow"
+                    where = {"data_files": str(path)} if path.is_file() else {"data_dir": str(path)}
+                    splits = _splits(datasets.load_dataset(form, streaming=True, **where))
+            except (DataError, OfflineError):
+                raise
+            except Exception as e:  # noqa: BLE001  datasets and pyarrow raise many types for unreadable files
+                raise DataError(f"{spec}: cannot read it as a Hugging Face dataset ({type(e).__name__}: "
+                                f"{_one_line(e)})") from None
+    roles = _roles(spec, list(splits))
+    first = splits[roles["train"]]
+    if first.features is None:
+        raise DataError(f"{spec}: the stream does not say its columns (no features); read it without streaming")
+    image_key = _image_column(spec, first.features, image_key)
+    label_key, class_label = _label_column(spec, first.features, label_key)
+    key_column = next((c for c in KEY_COLUMNS if c in first.features and c not in (image_key, label_key)), None)
+    chosen = {role: (name, _undecoded(splits[name], image_key, keep=[label_key, key_column])) for role, name in roles.items()}
+    return Stream(spec, chosen, image_key, label_key, key_column, list(class_label.names) if class_label else None)
 
 
 def _load(spec: str, strict: bool, channels: int, allow_download: bool, image_key: str | None,
@@ -230,7 +305,7 @@ def _splits(loaded) -> dict:
     return dict(loaded) if hasattr(loaded, "keys") else {"train": loaded}
 
 
-def _from_hub(spec: str, allow_download: bool):
+def _from_hub(spec: str, allow_download: bool, streaming: bool = False):
     """`hf:NAME[:CONFIG]` through `datasets.load_dataset`, from the cache only when the hub cannot be reached."""
     from ..weights.hub import _is_transport_error
 
@@ -256,9 +331,12 @@ def _from_hub(spec: str, allow_download: bool):
         except Exception as e:  # noqa: BLE001  anything but an unreachable hub is left to load_dataset
             if _is_transport_error(e):
                 why = f"the hub is not reachable ({type(e).__name__})"
+    if streaming and why:  # a stream reads the hub as it goes: nothing in the cache to fall back on
+        raise OfflineError(f"{spec}: cannot stream hub dataset {name!r}: {why}. Streaming reads the hub row by row; "
+                           f"{local}")
     try:
         with _cache_only(bool(why)):
-            return datasets.load_dataset(name, config or None)
+            return datasets.load_dataset(name, config or None, streaming=streaming)
     except ConnectionError as e:
         raise OfflineError(f"{spec}: could not get hub dataset {name!r}: it is not in the cache at {cache} and "
                            f"{why or 'the hub is not reachable'} ({_one_line(e)}). {local}") from None
@@ -369,12 +447,14 @@ def _class_names(values_per_split) -> tuple[list[str], dict]:
     return [str(v) for v in distinct], {v: i for i, v in enumerate(distinct)}
 
 
-def _undecoded(table, image_key: str):
-    """Only the image column, left undecoded ({'bytes', 'path'}): vitkit decodes it (datasets' decoding has no
-    decompression-bomb limit and drops alpha unlike a file read by vitkit). Both steps are views, not copies."""
+def _undecoded(table, image_key: str, keep: Sequence[str | None] = ()):
+    """Only the image column (and the `keep` columns), the image left undecoded ({'bytes', 'path'}): vitkit
+    decodes it (datasets' decoding has no decompression-bomb limit and drops alpha unlike a file read by
+    vitkit). Both steps are views, not copies."""
     from datasets import Image
 
-    return table.select_columns([image_key]).cast_column(image_key, Image(decode=False))
+    columns = [image_key, *dict.fromkeys(c for c in keep if c)]
+    return table.select_columns(columns).cast_column(image_key, Image(decode=False))
 
 
 def _verify(images, image_key: str, rows: list[int], split: str, channels: int, strict: bool,

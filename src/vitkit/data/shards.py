@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from .bundle import DataBundle
 
 log = logging.getLogger("vitkit")
@@ -512,60 +513,137 @@ def _classes(spec, values: list[int | str], listed: list[str] | None):
 
 # ---------------------------------------------------------------------------- writing shards
 def write_shards(src: str, out: str | os.PathLike, per_shard: int, *, strict: bool = False,
-                 overwrite: bool = False) -> dict[str, Any]:
-    """A folder of class folders (per split when it has train/ val/ test/) or a CSV manifest -> tar shards
+                 overwrite: bool = False, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A folder of class folders (per split when it has train/ val/ test/), a CSV manifest or a Hugging Face
+    dataset (read in order, streamed with options {"streaming": "true"}) -> tar shards
     `OUT/{split}-{000000..}.tar` of `per_shard` samples each, plus OUT/classes.json.
 
-    Each sample `{split}/{index}` holds the source file's bytes unchanged (`.png`, `.jpg`, ...), its class
-    index (`.cls`) and `.json` {"label": name, "source": path}; members are written in the source's order
-    with fixed metadata, so the same source gives byte-identical shards. Every image is decoded once first
-    (unreadable ones skipped and counted, or stop with strict, as `load_data` does); each shard and the
-    class file are written atomically (a temp file renamed)."""
-    from .._files import atomic_path, atomic_write_text
-    from .bundle import FileImages
-    from .datasets import load_data
+    Each sample `{split}/{index}` holds the source image's bytes unchanged (`.png`, `.jpg`, ...), its class
+    index (`.cls`) and `.json` {"label": name, "source": path or row key}; members are written in the source's
+    order with fixed metadata, so the same source gives byte-identical shards. Every image is decoded once
+    (unreadable ones skipped and counted, or stop with strict, as `load_data` does); each shard and the class
+    file are written atomically (a temp file renamed). A stream whose labels are not a ClassLabel has no class
+    list until it has been read whole: its samples carry the label in `.json` only, and the classes are the
+    sorted distinct labels when the shards are read (as for any shards without a class file)."""
+    from .._files import atomic_write_text
+    from . import hf_datasets
 
     if per_shard < 1:
         raise DataError(f"--per-shard must be at least 1, got {per_shard}")
     if claims(str(src)):
-        raise DataError(f"{src}: already shards; give a folder of class folders or a CSV manifest")
-    bundle = load_data(str(src), strict=strict, allow_download=False)
-    splits = {s: d for s, d in (("train", bundle.train), ("val", bundle.val), ("test", bundle.test)) if d is not None}
-    if not all(isinstance(d, FileImages) for d in splits.values()):
-        raise DataError(f"{src}: vitkit shards converts image files: give a folder of class folders or a CSV manifest")
+        raise DataError(f"{src}: already shards; give a folder of class folders, a CSV manifest or a dataset")
+    options = dict(options or {})
+    if hf_datasets.claims(str(src)):
+        samples, classes, source, image_size, skipped = _dataset_samples(str(src), strict, options)
+    else:
+        if options:
+            raise ConfigError(f"--set data.{next(iter(options))}: {src} takes no data options (a folder or CSV)")
+        samples, classes, source, image_size, skipped = _file_samples(str(src), strict)
     out = Path(out)
     old = _tars_in(out) + [out / n for n in CLASS_FILES if (out / n).is_file()]
     if old and not overwrite:
         raise DataError(f"{out} already holds shards; pass --overwrite to replace them, or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    source = Path(bundle.info.get("source") or src).absolute()
-    relative_to = source if source.is_dir() else source.parent  # a manifest's paths: from its folder
-    written: dict[str, int] = {}
-    new: set[Path] = {out / CLASS_FILES[0]}
-    for split, ds in splits.items():
-        width = max(6, len(str(len(ds) - 1)))
-        starts = range(0, len(ds), per_shard)
-        for count, start in enumerate(starts):
-            shard = out / f"{split}-{count:06d}.tar"
-            with atomic_path(shard) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-                for i in range(start, min(start + per_shard, len(ds))):
-                    path, label = Path(ds.paths[i]), int(ds.labels[i])
-                    key = f"{split}/{i:0{width}d}"
-                    about = {"label": bundle.class_names[label], "source": os.path.relpath(path, relative_to)}
-                    _add(tar, f"{key}{path.suffix.lower()}", path.read_bytes())
-                    _add(tar, f"{key}.cls", str(label).encode())
-                    _add(tar, f"{key}.json", json.dumps(about).encode())
-            new.add(shard)
-        written[split] = len(starts)
-    meta = {"classes": bundle.class_names, "image_size": list(bundle.image_size) if bundle.image_size else None,
-            "source": str(source), "samples": {s: len(d) for s, d in splits.items()}, "shards": written,
-            "per_shard": per_shard}
-    atomic_write_text(out / CLASS_FILES[0], json.dumps(meta, indent=1))
+    written, counts, new = {}, {}, set()
+    for split, rows in samples.items():
+        shards, count = _write_split(out, split, rows, per_shard)
+        if count:
+            written[split], counts[split] = len(shards), count
+            new |= set(shards)
+    if "train" not in counts:
+        raise DataError(f"{src}: no training samples to write (every one was unreadable or unlabelled)")
+    meta = {"classes": classes, "image_size": list(image_size()) if image_size() else None, "source": source,
+            "samples": counts, "shards": written, "per_shard": per_shard}
+    if classes:  # else the labels in each sample's .json are the classes (module docstring)
+        atomic_write_text(out / CLASS_FILES[0], json.dumps(meta, indent=1))
+        new.add(out / CLASS_FILES[0])
     for path in old:  # what a larger earlier conversion left would otherwise join this one's splits
         if path not in new:
             path.unlink()
-    return meta | {"out": str(out), "skipped": bundle.info.get("skipped", []),
-                   "num_skipped": bundle.info.get("num_skipped", 0)}
+    return meta | {"out": str(out), "skipped": skipped, "num_skipped": len(skipped)}
+
+
+def _write_split(out: Path, split: str, rows, per_shard: int) -> tuple[list[Path], int]:
+    """Write one split's samples (suffix, image bytes, class index or None, the .json dict) as shards of
+    `per_shard`; -> (the shards written, the sample count). Keys are `{split}/{index}`, six digits at least."""
+    from .._files import atomic_path
+
+    shards, count, rows = [], 0, iter(rows)
+    while chunk := list(itertools.islice(rows, per_shard)):  # a stream's length is known only at its end
+        shard = out / f"{split}-{len(shards):06d}.tar"
+        with atomic_path(shard) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+            for suffix, data, label, about in chunk:
+                key = f"{split}/{count:06d}"
+                _add(tar, f"{key}{suffix}", data)
+                if label is not None:
+                    _add(tar, f"{key}.cls", str(label).encode())
+                _add(tar, f"{key}.json", json.dumps(about).encode())
+                count += 1
+        shards.append(shard)
+    return shards, count
+
+
+def _file_samples(src: str, strict: bool):
+    """A folder or CSV manifest's splits as sample iterators (each image was decoded once by load_data)."""
+    from .bundle import FileImages
+    from .datasets import load_data
+
+    bundle = load_data(src, strict=strict, allow_download=False)
+    splits = {s: d for s, d in (("train", bundle.train), ("val", bundle.val), ("test", bundle.test)) if d is not None}
+    if not all(isinstance(d, FileImages) for d in splits.values()):
+        raise DataError(f"{src}: vitkit shards converts image files or a Hugging Face dataset: give a folder of "
+                        "class folders, a CSV manifest or a dataset")
+    source = Path(bundle.info.get("source") or src).absolute()
+    relative_to = source if source.is_dir() else source.parent  # a manifest's paths: from its folder
+
+    def rows(ds):
+        for i in range(len(ds)):
+            path, label = Path(ds.paths[i]), int(ds.labels[i])
+            about = {"label": bundle.class_names[label], "source": os.path.relpath(path, relative_to)}
+            yield path.suffix.lower(), path.read_bytes(), label, about
+
+    samples = {split: rows(ds) for split, ds in splits.items()}
+    return samples, bundle.class_names, str(source), lambda: bundle.image_size, bundle.info.get("skipped", [])
+
+
+def _dataset_samples(src: str, strict: bool, options: dict[str, Any]):
+    """A Hugging Face dataset's splits as sample iterators, read in order (streamed when asked): each image
+    decoded once on the way (unreadable: skipped and counted, or stop with strict); unlabelled rows skipped."""
+    from PIL import Image
+
+    from . import hf_datasets
+    from .images import ImageError
+
+    streaming = hf_datasets.is_on(options.pop("streaming", False))
+    unknown = [k for k in options if k not in ("image_key", "label_key")]
+    if unknown:
+        raise ConfigError(f"--set data.{unknown[0]}: a dataset takes data.image_key, data.label_key, data.streaming")
+    st = hf_datasets.stream(src, streaming=streaming, **options)
+    skipped: list[dict] = []
+    sizes: set = set()
+    formats = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp", "GIF": ".gif", "BMP": ".bmp", "TIFF": ".tif"}
+
+    def rows(role: str):
+        for key, cell, value in st.rows(role):
+            if value is None or (st.class_names is not None and not 0 <= int(value) < len(st.class_names)):
+                skipped.append({"path": key, "reason": f"{src} row {key}: no label"})
+                continue
+            try:
+                img = hf_datasets.decode_cell(cell, 3, f"{src} row {key}")
+                data = cell["bytes"] if cell.get("bytes") else Path(cell["path"]).read_bytes()
+                kind = Image.open(io.BytesIO(data)).format  # reads the header only
+            except (ImageError, OSError) as e:
+                if strict:
+                    raise DataError(f"{e} (--strict stops at the first unreadable image)") from None
+                skipped.append({"path": key, "reason": str(e)})
+                continue
+            sizes.add(img.size[::-1])  # PIL (W, H) -> (H, W)
+            label = int(value) if st.class_names is not None else None
+            about = {"label": st.class_names[label] if label is not None else value, "source": key}
+            yield formats.get(kind, f".{str(kind).lower()}"), data, label, about
+
+    samples = {role: rows(role) for role in st.roles()}
+    return samples, st.class_names, src, lambda: next(iter(sizes)) if len(sizes) == 1 else None, skipped
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
