@@ -65,6 +65,24 @@ def test_detector_on_every_family_trains_and_predicts_torchvision_boxes(family, 
             assert (o["boxes"][:, 2:] >= o["boxes"][:, :2]).all() and o["boxes"].max() <= 32
 
 
+@pytest.mark.parametrize("family", ["vit", "swin", "resnet"])
+def test_a_32_wide_fcos_predicts_and_trains_on_one_image(family):
+    """At task.dim=32 torchvision's GroupNorm(32, 32) keeps one channel per group; on a 32 px image the top
+    level is 1x1, one value per group, which GroupNorm refuses: a batch of one failed (predict on one image)."""
+    torch.manual_seed(0)
+    det = Detector(BACKBONES[family](), num_classes=4, kind="fcos", dim=32).eval()
+    with torch.no_grad():
+        out = det(torch.randn(1, 1, 32, 32))
+    assert len(out) == 1 and out[0]["boxes"].shape[1] == 4
+    det.train()
+    losses = det(torch.randn(1, 1, 32, 32), TARGETS[:1])
+    assert all(torch.isfinite(v) for v in losses.values())
+    norms = [m for m in det.detector.head.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert norms and all(m.num_channels // m.num_groups == 2 for m in norms)
+    wide = Detector(BACKBONES[family](), num_classes=4, kind="fcos", dim=64)  # torchvision's groups, unchanged
+    assert all(m.num_groups == 32 for m in wide.detector.head.modules() if isinstance(m, torch.nn.GroupNorm))
+
+
 def test_canvas_boxes_bound_the_visible_pixels_of_each_item():
     spec = BOX_SPECS["canvas-digits-boxes"]
     src = load_data("digits")

@@ -95,8 +95,10 @@ def build_detector(model: nn.Module, num_classes: int, kind: str = "fcos", dim: 
     names = [str(i) for i in range(len(backbone.strides))]
     if kind == "fcos":
         anchors = AnchorGenerator(tuple((s,) for s in backbone.strides), ((1.0,),) * len(names))
-        return _fcos_class()(backbone, num_classes - 1, anchor_generator=anchors, score_thresh=score_thresh,
+        fcos = _fcos_class()(backbone, num_classes - 1, anchor_generator=anchors, score_thresh=score_thresh,
                              detections_per_img=detections_per_img, **same)
+        _at_least_two_channels_per_group(fcos.head)
+        return fcos
     # two-stage: three shapes of anchor, two sizes (2x and 4x the stride) at each level
     anchors = AnchorGenerator(tuple((2 * s, 4 * s) for s in backbone.strides), ((0.5, 1.0, 2.0),) * len(names))
     pool = MultiScaleRoIAlign(featmap_names=names, output_size=7, sampling_ratio=2)
@@ -104,6 +106,17 @@ def build_detector(model: nn.Module, num_classes: int, kind: str = "fcos", dim: 
     return FasterRCNN(backbone, rpn_anchor_generator=anchors, box_roi_pool=pool,
                       box_head=TwoMLPHead(dim * 7 * 7, hidden), box_predictor=FastRCNNPredictor(hidden, num_classes),
                       box_score_thresh=score_thresh, box_detections_per_img=detections_per_img, **same)
+
+
+def _at_least_two_channels_per_group(module: nn.Module) -> None:
+    """torchvision's FCOS head normalises with GroupNorm(32, dim): at dim 32 one channel per group, so on the
+    1x1 top level of a small image each group holds one value, which GroupNorm refuses ('Expected more than 1
+    value per channel'), and predicting one image failed. Such norms get dim/2 groups; dim >= 64 is unchanged."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.GroupNorm) and child.num_channels // child.num_groups < 2:
+            setattr(module, name, nn.GroupNorm(child.num_channels // 2, child.num_channels, child.eps, child.affine))
+        else:
+            _at_least_two_channels_per_group(child)
 
 
 def _fcos_class() -> type:
