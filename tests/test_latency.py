@@ -30,7 +30,8 @@ def test_percentiles_of_known_lists():
         percentiles([])
 
 
-def test_latency_report_table_json_and_plot(tmp_path, capsys):
+def test_latency_report_table_json_and_plot(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # with bf16 columns too, 80 columns fold the model's name
     out, png = tmp_path / "lat.json", tmp_path / "lat.png"
     argv = ["bench", "--latency", *TINY, "--runtimes", "torch-fp32,torch-bf16,openvino-bf16", "--runs", "7",
             "--warmup", "1", "--json", str(out), "--plot", str(png)]

@@ -20,7 +20,7 @@ from vitkit.models.segmentation import Segmenter
 
 NAMES = ["mobilevit_xxs", "mobilevit_xs", "mobilevit_s", "mobilevitv2_050", "mobilevitv2_075", "mobilevitv2_100",
          "mobilevitv2_125", "mobilevitv2_150", "mobilevitv2_175", "mobilevitv2_200"]
-TOL = dict(rtol=0, atol=1e-5)
+TOL = dict(rtol=0, atol=5e-5)  # 1.3e-5 seen on mobilevit_s where oneDNN fast paths run (AVX-512, measured on)
 
 
 def randomised(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

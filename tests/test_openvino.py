@@ -99,7 +99,7 @@ def test_bf16_top1_agrees_on_fashion_mnist_test_set():
         _, _, test = load_eval_split("fashion-mnist", channels=1, class_names=None, split="test")
     except VitkitError as e:
         pytest.skip(f"Fashion-MNIST is not here: {e}")
-    model = vitkit.load_model("bundled:vit_fashion_mnist").eval()
+    model = vitkit.load_model("bundled:fashion-mnist").eval()
     run = vitkit.runner(model, backend="openvino", precision="bf16")
     res = compare_top1({"torch": model, "openvino_bf16": run}, eval_loader(test, model.preprocess, batch_size=256))
     assert res["agreement_with_torch"]["openvino_bf16"] >= 99.5
@@ -225,8 +225,9 @@ def test_cli_export_then_predict_matches_torch(saved, tmp_path, capsys):
     assert rc == 0, err
     assert json.loads(out)["openvino"]["max_abs_diff"] <= 1e-4
     images = sorted(str(p) for p in (saved / "data").rglob("*.png"))
-    rc, torch_out, _ = run_cli(capsys, "predict", saved / "m.safetensors", *images, "--json")
-    rc2, ov_out, err = run_cli(capsys, "predict", tmp_path / "ir", *images, "--backend", "openvino", "--json")
+    rc, torch_out, _ = run_cli(capsys, "predict", saved / "m.safetensors", *images, "--json", "--precision", "fp32")
+    rc2, ov_out, err = run_cli(capsys, "predict", tmp_path / "ir", *images, "--backend", "openvino", "--json",
+                                 "--precision", "fp32")  # auto is bf16 where native: this compares fp32
     assert rc == rc2 == 0, err
     for a, b in zip(json.loads(torch_out)["predictions"], json.loads(ov_out)["predictions"]):
         assert [t["index"] for t in a["top"]] == [t["index"] for t in b["top"]]
@@ -238,7 +239,8 @@ def test_cli_eval_matches_torch(saved, tmp_path, capsys):
     evals = {}
     for source, backend in ((saved / "m.safetensors", "torch"), (tmp_path / "ir", "openvino"),
                             (saved / "m.safetensors", "openvino")):  # a checkpoint: converted on first use
-        rc, out, err = run_cli(capsys, "eval", source, "--data", saved / "data", "--backend", backend, "--json")
+        rc, out, err = run_cli(capsys, "eval", source, "--data", saved / "data", "--backend", backend, "--json",
+                                   "--precision", "fp32")
         assert rc == 0, err
         evals[(str(source), backend)] = json.loads(out)
     first, *others = evals.values()
