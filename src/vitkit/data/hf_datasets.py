@@ -114,27 +114,8 @@ def stream(spec: str, *, streaming: bool = True, allow_download: bool = True, im
     network, never downloaded whole nor converted into the cache; Parquet / Arrow files read in place; a
     save_to_disk folder through `to_iterable_dataset`. Without: the dataset as `load` opens it (downloaded and
     cached), iterated. The columns are found as `load` finds them, from the features."""
-    datasets = _datasets()
     with _quiet_progress():
-        if not streaming:
-            splits, _ = _open(spec, allow_download)
-        elif spec.startswith(HUB_PREFIX):
-            splits = _splits(_from_hub(spec, allow_download, streaming=True))
-        else:
-            path = Path(spec).expanduser()
-            try:
-                if path.is_dir() and _is_saved(path):
-                    splits = {n: d.to_iterable_dataset() for n, d in _splits(datasets.load_from_disk(str(path))).items()}
-                else:
-                    files = [path] if path.is_file() else _table_files(path)
-                    form = "parquet" if any(p.suffix.lower() == ".parquet" for p in files) else "arrow"
-                    where = {"data_files": str(path)} if path.is_file() else {"data_dir": str(path)}
-                    splits = _splits(datasets.load_dataset(form, streaming=True, **where))
-            except (DataError, OfflineError):
-                raise
-            except Exception as e:  # noqa: BLE001  datasets and pyarrow raise many types for unreadable files
-                raise DataError(f"{spec}: cannot read it as a Hugging Face dataset ({type(e).__name__}: "
-                                f"{_one_line(e)})") from None
+        splits, _ = _open(spec, allow_download, streaming=streaming)
     roles = _roles(spec, list(splits))
     first = splits[roles["train"]]
     if first.features is None:
@@ -279,20 +260,20 @@ def _table_files(folder: Path) -> list[Path]:
     return sorted(found)
 
 
-def _open(spec: str, allow_download: bool) -> tuple[dict, str]:
-    """-> ({split name: datasets.Dataset}, format)."""
+def _open(spec: str, allow_download: bool, streaming: bool = False) -> tuple[dict, str]:
+    """-> ({split name: datasets.Dataset, or an IterableDataset with `streaming`}, format)."""
     datasets = _datasets()
     if spec.startswith(HUB_PREFIX):
-        return _splits(_from_hub(spec, allow_download)), "hub"
+        return _splits(_from_hub(spec, allow_download, streaming=streaming)), "hub"
     path = Path(spec).expanduser()
     try:
         if path.is_dir() and _is_saved(path):
-            return _splits(datasets.load_from_disk(str(path))), "save_to_disk"
+            saved = _splits(datasets.load_from_disk(str(path)))
+            return ({n: d.to_iterable_dataset() for n, d in saved.items()} if streaming else saved), "save_to_disk"
         files = [path] if path.is_file() else _table_files(path)
         form = "parquet" if any(p.suffix.lower() == ".parquet" for p in files) else "arrow"
-        if path.is_file():
-            return _splits(datasets.load_dataset(form, data_files=str(path))), form
-        return _splits(datasets.load_dataset(form, data_dir=str(path))), form
+        where = {"data_files": str(path)} if path.is_file() else {"data_dir": str(path)}
+        return _splits(datasets.load_dataset(form, streaming=streaming, **where)), form
     except (DataError, OfflineError):
         raise
     except Exception as e:  # noqa: BLE001  datasets and pyarrow raise many types for unreadable files

@@ -612,12 +612,11 @@ def _dataset_samples(src: str, strict: bool, options: dict[str, Any]):
     from PIL import Image
 
     from . import hf_datasets
+    from .datasets import source_options
     from .images import ImageError
 
+    options = dict(source_options(hf_datasets, src, options))  # the options hf_datasets.load takes
     streaming = hf_datasets.is_on(options.pop("streaming", False))
-    unknown = [k for k in options if k not in ("image_key", "label_key")]
-    if unknown:
-        raise ConfigError(f"--set data.{unknown[0]}: a dataset takes data.image_key, data.label_key, data.streaming")
     st = hf_datasets.stream(src, streaming=streaming, **options)
     skipped: list[dict] = []
     sizes: set = set()
