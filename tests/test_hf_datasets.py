@@ -467,23 +467,30 @@ def _fake_hub(files: dict[str, bytes]) -> http.server.ThreadingHTTPServer:
     return server
 
 
+def _against_the_digits_hub(fresh_python, saved, code: str, tmp_path: Path):
+    """`code` in a fresh interpreter whose hub is a local stand-in serving the digits as Parquet files in data/
+    (the hub's usual layout), caches under tmp_path/hf-home -> CompletedProcess."""
+    files = {"README.md": b"---\nlicense: bsd-3-clause\n---\n# digits\n"}
+    files |= {f"data/{p.name}": p.read_bytes() for p in (saved["parquet"] / "data").glob("*.parquet")}
+    server = _fake_hub(files)
+    try:
+        res, _ = _in_fresh_python(fresh_python, code, tmp_path / "hf-home", tmp_path,
+                                  HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    return res
+
+
 def test_hub_dataset_loads_and_then_loads_offline_from_the_cache(fresh_python, saved, source, tmp_path):
     """`hf:NAME` through datasets' real hub loader against a local stand-in for the hub (Parquet files in
     data/, the hub's usual layout); then, with the hub unreachable, from its cache."""
-    files = {"README.md": b"---\nlicense: bsd-3-clause\n---\n# digits\n"}
-    files |= {f"data/{p.name}": p.read_bytes() for p in (saved["parquet"] / "data").glob("*.parquet")}
     code = ("import json\nimport numpy as np\nfrom vitkit.data.datasets import load_data\n"
             f"b = load_data('hf:{HUB_REPO}', channels=1)\n"
             "print(json.dumps({'splits': b.info['splits'], 'name': b.name, 'test_keys': b.test.keys(),\n"
             "                  'train_labels': b.train.labels.tolist(),\n"
             "                  'pixels': [np.asarray(b.val[i][0]).tolist() for i in range(len(b.val))]}))\n")
-    server = _fake_hub(files)
-    try:
-        online, _ = _in_fresh_python(fresh_python, code, tmp_path / "hf-home", tmp_path,
-                                     HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    online = _against_the_digits_hub(fresh_python, saved, code, tmp_path)
     assert online.returncode == 0, online.stderr
     got = json.loads(online.stdout)
     assert got["splits"] == {"train": "train", "val": "validation", "test": "test"} and got["name"] == f"hf:{HUB_REPO}"
@@ -576,18 +583,10 @@ def test_streaming_a_hub_dataset_offline_is_one_line(fresh_python, tmp_path):
 def test_a_hub_dataset_streams_into_shards(fresh_python, saved, tmp_path):
     """`hf:NAME` streamed through datasets' real hub code (byte ranges of the Parquet files from a local
     stand-in for the hub), into the same shards as the local conversion."""
-    files = {"README.md": b"---\nlicense: bsd-3-clause\n---\n# digits\n"}
-    files |= {f"data/{p.name}": p.read_bytes() for p in (saved["parquet"] / "data").glob("*.parquet")}
     argv = ["shards", f"hf:{HUB_REPO}", "--out", str(tmp_path / "hub"), "--per-shard", "16", "--set",
             "data.streaming=true"]
     code = f"import sys\nfrom vitkit.cli.main import main\nsys.exit(main({argv!r}))\n"
-    server = _fake_hub(files)
-    try:
-        res, _ = _in_fresh_python(fresh_python, code, tmp_path / "hf-home", tmp_path,
-                                  HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    res = _against_the_digits_hub(fresh_python, saved, code, tmp_path)
     assert res.returncode == 0, res.stderr
     assert cli(["shards", str(saved["saved"]), "--out", str(tmp_path / "local"), "--per-shard", "16"]) == 0
     assert _tar_bytes(tmp_path / "hub") == _tar_bytes(tmp_path / "local")
