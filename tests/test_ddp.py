@@ -70,3 +70,28 @@ def test_segmentation_head_trains_under_ddp_as_in_one_process(tmp_path):
     # differ by steps everywhere: the mean over the head tells
     diff = torch.cat([(heads[0][k] - heads[1][k]).abs().flatten() for k in heads[0]])
     assert diff.mean() <= 1e-4, diff.mean().item()
+
+
+def test_detector_trains_under_ddp_as_in_one_process(tmp_path):
+    """FCOS divides its losses by the foreground locations it matched; under torchrun each rank matches only
+    its half of the batch, so the task divides by the mean count over the ranks instead: the 2-process losses
+    and weights then follow the 1-process run on the same global batch (per-rank counts would not)."""
+    if not torch.distributed.is_gloo_available():
+        pytest.skip("this torch build has no gloo backend")
+    det = ["--task", "detect", "--data", "canvas-digits-boxes", "--model", "vit_tiny_patch4_28", "--epochs", "1",
+           *[a for kv in ("img_size=48", "in_chans=1", "model.depth=1", "model.embed_dim=24", "model.num_heads=2",
+                          "steps_per_epoch=3", "batch_size=16", "crop=none", "hflip=0", "reprob=0", "bf16=false",
+                          "ema=false", "warmup_epochs=0", "drop_path_rate=0", "task.dim=32", "eval_subset=16",
+                          "eval_batch_size=200") for a in ("--set", kv)], "--quiet"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli(["train", "--out", str(one), *det, "--set", "threads=1"]) == 0
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "vitkit", "train", "--out", str(two), *det], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    l1, l2 = _losses(one), _losses(two)
+    assert len(l1) == len(l2) == 3 and l2 == pytest.approx(l1, rel=1e-4, abs=1e-5)
+    heads = [load_file(str(run / "detection_head.safetensors")) for run in (one, two)]
+    assert heads[0].keys() == heads[1].keys()
+    diff = torch.cat([(heads[0][k] - heads[1][k]).abs().flatten() for k in heads[0]])
+    assert diff.mean() <= 1e-4, diff.mean().item()  # as the segmentation test above: AdamW and float noise

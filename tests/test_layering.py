@@ -23,7 +23,7 @@ RANKS = {
     "api": 4,
     "data": 5, "export": 5,
     "analysis": 6, "training": 6, "inference": 6, "probe": 6, "zeroshot": 6,  # inference uses training.evaluate
-    "bench": 7, "latency": 7, "peers": 7, "retrieval": 7,
+    "bench": 7, "latency": 7, "tradeoff": 7, "peers": 7, "retrieval": 7,
     "serve": 8,
     "cli": 9,
     "__init__": 10, "__main__": 10, "demo": 10,

@@ -304,6 +304,7 @@ def load_model(
     if tower is not None:
         ckpt = ckpt.tower(tower)
     source = ckpt.path
+    img_size, overrides = _with_inference_settings(ckpt.provenance, img_size, overrides)
     if model_name is not None:
         model = _build(get_entry(model_name), ckpt, num_classes, img_size, overrides)
         _load(model, ckpt, strict=True)
@@ -346,6 +347,27 @@ def load_model(
     if guessed:
         model.provenance["preprocess_from"] = guessed
     return _with_fast_paths(model).to(device)
+
+
+INFERENCE_SETTINGS = "inference_settings"  # provenance key: the setting a checkpoint runs at by default
+
+
+def _with_inference_settings(provenance: dict[str, Any] | None, img_size, overrides: dict[str, Any]):
+    """(img_size, overrides) with the checkpoint's stored default inference settings (`vitkit tradeoff
+    --save`: resolution, patch size, token merging) filled in where the caller set none; the weights in such a
+    file are the original ones, so each setting starts from the original kernel and position table."""
+    stored = (provenance or {}).get(INFERENCE_SETTINGS)
+    if not isinstance(stored, dict):
+        return img_size, overrides
+    overrides = dict(overrides)
+    if img_size is None and stored.get("img_size"):
+        img_size = int(stored["img_size"])
+    for key in ("patch_size", "merge"):
+        if stored.get(key) is not None and key not in overrides:
+            overrides[key] = int(stored[key])
+    log.info("%s: at its stored inference settings (%s)", provenance.get("source", "checkpoint"),
+             ", ".join(f"{k}={v}" for k, v in stored.items() if k in ("img_size", "patch_size", "merge")))
+    return img_size, overrides
 
 
 def _registered_name(family: str, cfg) -> str | None:

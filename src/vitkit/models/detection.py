@@ -95,8 +95,9 @@ def build_detector(model: nn.Module, num_classes: int, kind: str = "fcos", dim: 
     names = [str(i) for i in range(len(backbone.strides))]
     if kind == "fcos":
         anchors = AnchorGenerator(tuple((s,) for s in backbone.strides), ((1.0,),) * len(names))
-        fcos = _fcos_class()(backbone, num_classes - 1, anchor_generator=anchors, score_thresh=score_thresh,
-                             detections_per_img=detections_per_img, **same)
+        head = _fcos_head_class()(dim, anchors.num_anchors_per_location()[0], num_classes - 1)
+        fcos = _fcos_class()(backbone, num_classes - 1, anchor_generator=anchors, head=head,
+                             score_thresh=score_thresh, detections_per_img=detections_per_img, **same)
         _at_least_two_channels_per_group(fcos.head)
         return fcos
     # two-stage: three shapes of anchor, two sizes (2x and 4x the stride) at each level
@@ -117,6 +118,28 @@ def _at_least_two_channels_per_group(module: nn.Module) -> None:
             setattr(module, name, nn.GroupNorm(child.num_channels // 2, child.num_channels, child.eps, child.affine))
         else:
             _at_least_two_channels_per_group(child)
+
+
+def _fcos_head_class() -> type:
+    """torchvision's FCOS head (the same modules and keys), whose three losses are sums over the foreground
+    locations divided by their count in this process's batch. Set `foreground_mean` (this process's count ->
+    the mean count over the processes; the training task sets it under torchrun) and they are divided by that
+    mean instead, so the gradients DDP averages are those of one process on the whole global batch, as
+    mmdetection's FCOS normalises. None (the default): torchvision's loss exactly."""
+    from torchvision.models.detection.fcos import FCOSHead
+
+    class FCOSHeadOverProcesses(FCOSHead):
+        foreground_mean = None
+
+        def compute_loss(self, targets, head_outputs, anchors, matched_idxs):
+            losses = super().compute_loss(targets, head_outputs, anchors, matched_idxs)
+            if self.foreground_mean is None:
+                return losses
+            here = sum(int((m >= 0).sum()) for m in matched_idxs)  # the locations torchvision counted
+            scale = max(1, here) / max(1.0, self.foreground_mean(here))
+            return {k: v * scale for k, v in losses.items()}
+
+    return FCOSHeadOverProcesses
 
 
 def _fcos_class() -> type:

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ...errors import ConfigError
 from ...models.detection import DETECTORS, build_detector
 from ...typed_config import JsonConfig
+from ..distributed import Dist, all_mean
 from .base import Task, refuse_moving_augmentation
 
 HEAD_FILE = "detection_head.safetensors"  # the detector's neck and head, beside the run's checkpoints
@@ -173,8 +175,27 @@ class DetectTask(Task):
 
     def forward(self, batch) -> dict[str, Any]:
         x, target = batch
-        losses = self.detector(list(x), self._train_targets(target, x.shape[-2:]))
+        with self._normalised_over_processes():
+            losses = self.detector(list(x), self._train_targets(target, x.shape[-2:]))
         return {"loss": sum(v.float() for v in losses.values()), "batch_size": len(x)}
+
+    @contextlib.contextmanager
+    def _normalised_over_processes(self):
+        """Under torchrun, a head that divides its losses by a count of matched locations (FCOS's foreground)
+        divides by the mean count over the processes for this training step, so DDP's averaged gradients equal
+        one process's on the global batch. Only here: every rank runs the training step, while evaluation (and
+        its loss) runs on rank 0 alone, where a collective would wait for ranks that never join."""
+        head = getattr(self.detector, "head", None)
+        if not hasattr(head, "foreground_mean") or not (dist.is_available() and dist.is_initialized()) \
+                or dist.get_world_size() == 1:
+            yield
+            return
+        world = Dist(world=dist.get_world_size())
+        head.foreground_mean = lambda n: all_mean([float(n)], world, self.device)[0]
+        try:
+            yield
+        finally:
+            head.foreground_mean = None
 
     @torch.no_grad()
     def detect(self, model: nn.Module, x: torch.Tensor, target) -> list[dict[str, Any]]:
