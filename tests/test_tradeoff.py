@@ -14,16 +14,15 @@ from vitkit import tradeoff as t
 from vitkit.analysis.cost import model_cost
 from vitkit.cli.main import main as cli
 from vitkit.errors import ConfigError
-from vitkit.training.recipes import Recipe
+from vitkit.training.recipes import get_recipe
 from vitkit.training.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
 def digits_ckpt(tmp_path_factory):
-    """A ViT trained on digits (8 px, patch 2: 16 patches), good enough that the knobs move top-1."""
+    """The digits preset's ViT (8 px, patch 2: 16 patches, sin-cos positions, average pooling), 12 epochs."""
     out = tmp_path_factory.mktemp("tradeoff") / "run"
-    recipe = Recipe(data="digits", model="vit_pico_patch2_8", epochs=6, batch_size=64, threads=1, bf16=False,
-                    warmup_epochs=0, ema=False, eval_batch_size=512)
+    recipe = get_recipe("digits").replace(epochs=12, ema=False, val_fraction=0.0)
     Trainer(recipe, out, quiet=True).run()
     return out / "last.safetensors"
 
@@ -134,3 +133,32 @@ def test_cli_refusals_are_one_line(digits_ckpt, capsys):
     assert cli(["tradeoff", str(digits_ckpt), "--grid", "img=8;patch=2", "--budget-ms", "0", "--repeats", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no setting fits 0 ms" in err[0]
+
+
+def test_merge_on_the_commands_equals_loading_with_merge(digits_ckpt, tmp_path, capsys):
+    from sklearn.datasets import load_digits
+
+    from vitkit.inference import evaluate_on, predict_files
+
+    img = tmp_path / "digit.png"
+    Image.fromarray((load_digits().images[5] * 16).astype("uint8"), "L").save(img)
+    merged = vitkit.load_model(digits_ckpt, merge=3)
+    capsys.readouterr()
+    assert cli(["predict", str(digits_ckpt), str(img), "--merge", "3", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want, _ = predict_files(merged, [img])
+    top = got["predictions"][0]["top"]
+    assert [e["index"] for e in top] == [e["index"] for e in want[0]["top"]]
+    assert [e["prob"] for e in top] == pytest.approx([e["prob"] for e in want[0]["top"]], abs=1e-6)
+    assert cli(["eval", str(digits_ckpt), "--data", "digits", "--merge", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["top1"] == pytest.approx(evaluate_on(merged, "digits")["top1"])
+    assert cli(["predict", str(digits_ckpt), str(img), "--merge", "9"]) == 2  # 16 patches: at most 8
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "merge=9" in err[0]
+    cnn = tmp_path / "cnn.safetensors"
+    vitkit.save_model(vitkit.create_model("resnet18", in_chans=1, num_classes=10), cnn)
+    assert cli(["predict", str(cnn), str(img), "--merge", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot merge tokens" in err[0]
+    with pytest.raises(SystemExit):
+        cli(["predict", str(digits_ckpt), str(img), "--merge", "-1"])

@@ -258,6 +258,16 @@ def set_patch_size(model, patch_size: int) -> None:
     model.set_input_size(patch_size=patch_size)
 
 
+def set_merge(model, r: int) -> None:
+    """Token merging (ToMe, layers/tome.py) from now on, in place: `r` tokens merged per block (0: none, the
+    plain model). One line for a model without patch tokens to merge, or an `r` its patch count refuses."""
+    cfg = getattr(model, "cfg", None)
+    if not hasattr(cfg, "merge") or "token_seam" not in getattr(model, "capabilities", ()):
+        what = f"a {model.family} model" if hasattr(model, "family") else f"a {type(model).__name__} (exported)"
+        raise ConfigError(f"{what} cannot merge tokens: token merging (ToMe) runs on PyTorch ViTs")
+    model.cfg = cfg.replace(merge=int(r))  # the config checks r against the patch count
+
+
 def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> dict:
     """Load any supported checkpoint into an existing model (with adaptation, see weights.load)."""
     return _load(model, read_checkpoint(path), strict)

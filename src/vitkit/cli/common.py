@@ -76,6 +76,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
 def non_negative_float(text: str) -> float:
     try:
         v = float(text)

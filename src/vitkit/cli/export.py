@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_json, emit, non_negative_float, positive_int, print_table
+from .common import add_json, emit, non_negative_float, non_negative_int, positive_int, print_table
 
 
 def register(sub) -> None:
@@ -42,17 +42,28 @@ def register(sub) -> None:
 
 
 def add_patch_size(p) -> None:
-    """`--patch-size` (predict, eval, export): FlexiViT's kernel resize of a ViT checkpoint."""
+    """`--patch-size` and `--merge` (predict, eval, export): the run-time knobs of a ViT checkpoint."""
     p.add_argument("--patch-size", type=positive_int, metavar="P", help="run a ViT at P-pixel patches: the patch "
                    "kernel resampled from the checkpoint's (FlexiViT's pseudo-inverse resize), positions following")
+    add_merge(p)
+
+
+def add_merge(p) -> None:
+    p.add_argument("--merge", type=non_negative_int, default=None, metavar="R",
+                   help="token merging (ToMe): R tokens merged per block on a ViT (0: none); `vitkit cost --merge R` "
+                   "gives the tokens per block, `vitkit tradeoff` what it costs in accuracy")
 
 
 def with_patch_size(model, args):
-    """`model` at --patch-size (a PyTorch ViT; other models refused in one line), or as it is."""
+    """`model` at --patch-size and --merge (a PyTorch ViT; other models refused in one line), or as it is."""
     if getattr(args, "patch_size", None):
         from ..api import set_patch_size
 
         set_patch_size(model, args.patch_size)
+    if getattr(args, "merge", None) is not None:
+        from ..api import set_merge
+
+        set_merge(model, args.merge)
     return model
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 
 from .common import non_negative_float, positive_int
+from .export import add_merge, with_patch_size
 
 
 def _positive(text: str) -> float:
@@ -44,6 +45,7 @@ def register(sub) -> None:
     p.add_argument("--patch-size", type=positive_int, metavar="P", help="serve at P-pixel patches: the checkpoint's "
                    "patch kernel resampled (FlexiViT's pseudo-inverse resize) and its position grid following; "
                    "smaller patches are more tokens, slower and often more accurate (PyTorch backend, ViT models)")
+    add_merge(p)
     p.add_argument("--top-k", type=positive_int, default=5, help="classes returned when a request does not say")
     p.add_argument("--index", metavar="INDEX", help="a search index from `vitkit index` to enable /v1/search")
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on the API (default: "
@@ -87,10 +89,7 @@ def run(args) -> int:
     # loaded once, before the port opens; a task=detect run's checkpoint is its detector (/v1/detect)
     model = (load_detector(args.checkpoint) if args.backend == "torch" else None) or \
         load_backend(args.checkpoint, args.backend)
-    if args.patch_size is not None:
-        from ..api import set_patch_size
-
-        set_patch_size(model, args.patch_size)
+    with_patch_size(model, args)
     backend = "torch" if hasattr(model, "state_dict") else "onnx"
     app = create_app(model, name=str(args.checkpoint), backend=backend, max_batch=args.max_batch,
                      batch_timeout_ms=args.batch_timeout_ms, max_upload_mb=args.max_upload_mb,
