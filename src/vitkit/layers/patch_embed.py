@@ -1,6 +1,7 @@
 """Patch embedding: one shared linear map per P×P patch, written as a stride-P convolution."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -69,7 +70,7 @@ class PatchGrid:
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     def grid_for(self, h: int, w: int) -> tuple[int, int]:
-        ph, pw = self.patch_size
+        ph, pw = getattr(self, "cut_size", None) or self.patch_size
         if h % ph or w % pw:
             raise ConfigError(
                 f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}{self.patch_note}; "
@@ -90,7 +91,20 @@ class PatchEmbed(PatchGrid, nn.Module):
         # the kernel other patch sizes are resampled from (a loaded or trained one, never a resampled one);
         # not saved: a file holds the kernel at its own patch size
         self.register_buffer("original_kernel", None, persistent=False)
+        self.cut_size: tuple[int, int] | None = None  # inside `cutting`: the patch size this forward cuts
         self.set_img_size(img_size)
+
+    @contextlib.contextmanager
+    def cutting(self, patch_size):
+        """Inside the block, forwards cut `patch_size`-pixel patches with the kernel resampled from the current
+        one in the forward itself (differentiable: the gradient reaches the one kernel), as FlexiViT trains;
+        the model's patch size and weights stay as they are."""
+        held, new = self.cut_size, to_2tuple(patch_size)
+        self.cut_size = None if new == self.patch_size else new
+        try:
+            yield
+        finally:
+            self.cut_size = held
 
     def set_patch_size(self, patch_size, img_size=None) -> None:
         """Cut `patch_size`-pixel patches from now on: the kernel is resampled (`resample_patch_kernel`) from the
@@ -121,7 +135,11 @@ class PatchEmbed(PatchGrid, nn.Module):
             )
         if not torch.jit.is_tracing() and not torch.compiler.is_compiling():
             self.grid_for(x.shape[-2], x.shape[-1])  # clear error for non-divisible sizes
-        x = self.proj(x)  # [B, D, Gh, Gw]
+        if self.cut_size is None:
+            x = self.proj(x)  # [B, D, Gh, Gw]
+        else:  # FlexiViT training: [D, C, P, P] -> [D, C, P', P'] in the graph
+            kernel = resample_patch_kernel(self.proj.weight, self.cut_size)
+            x = F.conv2d(x, kernel, self.proj.bias, stride=self.cut_size)
         x = x.permute(0, 2, 3, 1)  # [B, Gh, Gw, D]
         return self.norm(x)
 

@@ -36,6 +36,9 @@ class Recipe(JsonConfig):
     img_size: int | None = None
     in_chans: int | None = None  # default: the model's own (gray data is converted to match)
     drop_path_rate: float | None = None  # stochastic depth (ViT only)
+    # FlexiViT: each optimiser step cuts patches of one of these sizes (seeded by the step), the kernel and the
+    # positions resampled from the model's own in the forward, so one set of weights learns every size
+    flexi_patch_sizes: tuple[int, ...] = ()
     # schedule and optimiser
     epochs: int = 30
     time_budget_s: float = 0.0  # > 0: plan the epochs to end within this many wall seconds (budget.py)
@@ -102,6 +105,8 @@ class Recipe(JsonConfig):
         need(0 < self.crop_scale <= 1, "crop_scale must be in (0, 1]")
         need(0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)")
         need(self.layer_decay is None or 0 < self.layer_decay <= 1, "layer_decay must be in (0, 1]")
+        need(all(isinstance(p, int) and p >= 1 for p in self.flexi_patch_sizes),
+             f"flexi_patch_sizes must be whole numbers >= 1, got {self.flexi_patch_sizes}")
         from .tasks import TASKS
 
         need(self.task in TASKS, f"unknown task {self.task!r}; known: {', '.join(TASKS)}")
@@ -164,7 +169,8 @@ def parse_value(text: str, tp: Any, key: str) -> Any:
         if tp is str:
             return text
         if typing.get_origin(tp) is tuple:
-            return tuple(float(v) for v in text.strip("()[]").split(","))
+            element = int if typing.get_args(tp)[0] is int else float
+            return tuple(element(v) for v in text.strip("()[]").split(",") if v.strip())
         if tp is dict:
             v = json.loads(text)
             if not isinstance(v, dict):

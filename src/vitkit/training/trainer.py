@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from ..errors import ConfigError
 from ..hardware import apply_fast_paths, choose_precision, this_machine
 from ..runtime import torch_threads
+from . import flexi
 from . import models as model_io
 from .budget import RunLength
 from .build import build_run, model_name
@@ -64,6 +65,7 @@ class Trainer:
         r, model = self.recipe, self.model
         self.ema = make_ema(model, r.ema_decay) if r.ema else None
         self.task = make_task(r, model, num_classes=self.data.num_classes, device=self.device).to(self.device)
+        flexi.check(model, self.task, r.flexi_patch_sizes)
         apply_fast_paths(self.task, self.decisions)  # the switches every trainable layer has, set for this machine
         if r.compile:
             model.compile()  # in place: the state dict keeps its keys
@@ -156,7 +158,8 @@ class Trainer:
             loss_total, n_img = 0.0, 0
             for m in range(r.accum_steps):
                 batch = to_device(next(it), self.device)
-                with self.strategy.no_sync(self.net, m == r.accum_steps - 1):
+                with self.strategy.no_sync(self.net, m == r.accum_steps - 1), \
+                        flexi.cutting(self.model, r.flexi_patch_sizes, r.seed, at.step):
                     out = self.net(batch)
                     (out["loss"] / r.accum_steps).backward()
                 loss_total += out["loss"].item() / r.accum_steps

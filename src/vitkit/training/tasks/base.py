@@ -53,6 +53,7 @@ class Task(nn.Module):
     """
 
     every_parameter_used = True
+    any_token_count = False  # the loss works whatever the patch grid (FlexiViT's random patch sizes, flexi.py)
 
     def __init__(self, recipe, model: nn.Module, *, num_classes: int, device: torch.device):
         super().__init__()

@@ -14,6 +14,8 @@ class ClassificationTask(Task):
     """Cross-entropy with label smoothing, in fp32 on the logits; MixUp/CutMix soft targets
     (data.transforms.batch_mixer), switched off for the last `mix_off_epochs` epochs."""
 
+    any_token_count = True
+
     def __init__(self, recipe, model, **kw):
         super().__init__(recipe, model, **kw)
         from ...data.transforms import batch_mixer
