@@ -55,15 +55,20 @@ def test_segmentation_head_trains_under_ddp_as_in_one_process(tmp_path):
            "--set", "hflip=0", "--set", "bf16=false", "--set", "ema=false", "--set", "warmup_epochs=0",
            "--set", "drop_path_rate=0", "--set", "task.dim=16", "--set", "task.overlays=0",
            "--set", "task.dropout=0", "--set", "eval_batch_size=500", "--quiet"]
+    _one_process_and_two_agree(seg, tmp_path, "segmentation_head.safetensors")
+
+
+def _one_process_and_two_agree(args: list[str], tmp_path, head_file: str) -> None:
+    """`vitkit train ARGS` in one process and under torchrun with 2: the same 3 step losses and task head."""
     one, two = tmp_path / "one", tmp_path / "two"
-    assert cli(["train", "--out", str(one), *seg, "--set", "threads=1"]) == 0
+    assert cli(["train", "--out", str(one), *args, "--set", "threads=1"]) == 0
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "vitkit", "train", "--out", str(two), *seg], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           "-m", "vitkit", "train", "--out", str(two), *args], env=dict(os.environ, OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     l1, l2 = _losses(one), _losses(two)
     assert len(l1) == len(l2) == 3 and l2 == pytest.approx(l1, rel=1e-4, abs=1e-5)
-    heads = [load_file(str(run / "segmentation_head.safetensors")) for run in (one, two)]
+    heads = [load_file(str(run / head_file)) for run in (one, two)]
     assert heads[0].keys() == heads[1].keys()
     # AdamW turns a near-zero gradient into a near-unit step, and the coarsest level's GroupNorm sees a 1x1 map
     # at 32 px, so float noise moves a few weights by about one lr step (2e-3); heads trained apart would
@@ -83,15 +88,4 @@ def test_detector_trains_under_ddp_as_in_one_process(tmp_path):
                           "steps_per_epoch=3", "batch_size=16", "crop=none", "hflip=0", "reprob=0", "bf16=false",
                           "ema=false", "warmup_epochs=0", "drop_path_rate=0", "task.dim=32", "eval_subset=16",
                           "eval_batch_size=200") for a in ("--set", kv)], "--quiet"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert cli(["train", "--out", str(one), *det, "--set", "threads=1"]) == 0
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "vitkit", "train", "--out", str(two), *det], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    l1, l2 = _losses(one), _losses(two)
-    assert len(l1) == len(l2) == 3 and l2 == pytest.approx(l1, rel=1e-4, abs=1e-5)
-    heads = [load_file(str(run / "detection_head.safetensors")) for run in (one, two)]
-    assert heads[0].keys() == heads[1].keys()
-    diff = torch.cat([(heads[0][k] - heads[1][k]).abs().flatten() for k in heads[0]])
-    assert diff.mean() <= 1e-4, diff.mean().item()  # as the segmentation test above: AdamW and float noise
+    _one_process_and_two_agree(det, tmp_path, "detection_head.safetensors")

@@ -123,3 +123,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda p: p.write_text(text))
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """A matplotlib figure as a PNG at `path`, written atomically (a killed plot never leaves half a file)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
+    return path

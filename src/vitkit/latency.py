@@ -242,7 +242,7 @@ def write_plot(report: dict[str, Any], path: str | os.PathLike) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from ._files import atomic_path
+    from ._files import save_figure
 
     timed = [r for r in report["rows"] if r["status"] == "ok"]
     if not timed:
@@ -278,7 +278,4 @@ def write_plot(report: dict[str, Any], path: str | os.PathLike) -> Path:
     m = report["machine"]
     ax.set_title(f"batch-1 latency, {report['runs']} runs after {report['warmup']} warm-up: {m['cpu']} "
                  f"({m['threads']} threads), {report['date'][:10]}", fontsize=8)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    return path
+    return save_figure(fig, path)

@@ -232,7 +232,7 @@ def write_plot(report: dict[str, Any], path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from ._files import atomic_path
+    from ._files import save_figure
 
     rows = report["rows"]
     fig = Figure(figsize=(10, 4.5), layout="constrained")
@@ -257,7 +257,4 @@ def write_plot(report: dict[str, Any], path) -> Path:
     axes[0].legend(fontsize=8, title="knob turned", title_fontsize=8)
     fig.suptitle(f"{report['checkpoint']}: accuracy vs cost, {report['machine']['cpu']} "
                  f"({report['machine']['threads']} threads), {report['date'][:10]}", fontsize=9)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    return path
+    return save_figure(fig, path)

@@ -103,10 +103,9 @@ def explain_pca(model, image, out: str | os.PathLike, size=None, label: str | No
         ax.set_axis_off()
     fig.tight_layout()
     out = Path(out)
-    from .._files import atomic_path
+    from .._files import save_figure
 
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    save_figure(fig, out, dpi=110)
     return {"image": name, "out": str(out), "grid": list(fmap.shape[1:]), "foreground_patches": int(fg.sum()),
             "input_size": list(x.shape[-2:])}
 
@@ -143,9 +142,8 @@ def explain_match(model, image_a, image_b, out: str | os.PathLike, size=None, to
         fig.add_artist(ConnectionPatch(centre(p["a"], maps[0], raws[0]), centre(p["b"], maps[1], raws[1]),
                                        "data", "data", axesA=axes[0], axesB=axes[1], color="yellow", lw=0.8))
     fig.tight_layout()
-    from .._files import atomic_path
+    from .._files import save_figure
 
     out = Path(out)
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    save_figure(fig, out, dpi=110)
     return {"images": names, "out": str(out), "matches": pairs}
