@@ -118,10 +118,10 @@ def test_cli_table_plot_json_and_a_saved_choice_that_loads_at_its_setting(digits
     # the file keeps the original weights: at the native setting it is the checkpoint itself
     a, b = load_file(str(digits_ckpt)), load_file(str(saved))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    again = vitkit.load_model(saved, patch_size=2, merge=0)
+    again = vitkit.load_model(saved, patch_size=2, merge=0).eval()  # eval: the preset trains with drop-path
     x = torch.randn(2, 1, 8, 8)
     with torch.no_grad():
-        assert torch.equal(again(x), vitkit.load_model(digits_ckpt)(x))
+        assert torch.equal(again(x), vitkit.load_model(digits_ckpt).eval()(x))
     capsys.readouterr()
     assert cli(["eval", str(saved), "--json"]) == 0  # eval runs it at the stored setting: the chosen row's top-1
     assert json.loads(capsys.readouterr().out)["top1"] == pytest.approx(best["top1"], abs=0.01)

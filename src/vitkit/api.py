@@ -259,13 +259,12 @@ def set_patch_size(model, patch_size: int) -> None:
 
 
 def set_merge(model, r: int) -> None:
-    """Token merging (ToMe, layers/tome.py) from now on, in place: `r` tokens merged per block (0: none, the
-    plain model). One line for a model without patch tokens to merge, or an `r` its patch count refuses."""
-    cfg = getattr(model, "cfg", None)
-    if not hasattr(cfg, "merge") or "token_seam" not in getattr(model, "capabilities", ()):
+    """Token merging (ToMe) from now on, in place: `r` tokens merged per block (0: none, the plain model). One
+    line for a model without patch tokens to merge, or an `r` its patch count refuses."""
+    if not hasattr(model, "set_merge"):
         what = f"a {model.family} model" if hasattr(model, "family") else f"a {type(model).__name__} (exported)"
         raise ConfigError(f"{what} cannot merge tokens: token merging (ToMe) runs on PyTorch ViTs")
-    model.cfg = cfg.replace(merge=int(r))  # the config checks r against the patch count
+    model.set_merge(r)
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> dict:
@@ -364,19 +363,17 @@ INFERENCE_SETTINGS = "inference_settings"  # provenance key: the setting a check
 
 def _with_inference_settings(provenance: dict[str, Any] | None, img_size, overrides: dict[str, Any]):
     """(img_size, overrides) with the checkpoint's stored default inference settings (`vitkit tradeoff
-    --save`: resolution, patch size, token merging) filled in where the caller set none; the weights in such a
-    file are the original ones, so each setting starts from the original kernel and position table."""
+    --save`: a resolution and config overrides such as the patch size or token merging) filled in where the
+    caller set none; the weights in such a file are the original ones, so each setting starts from the
+    original kernel and position table."""
     stored = (provenance or {}).get(INFERENCE_SETTINGS)
     if not isinstance(stored, dict):
         return img_size, overrides
-    overrides = dict(overrides)
     if img_size is None and stored.get("img_size"):
         img_size = int(stored["img_size"])
-    for key in ("patch_size", "merge"):
-        if stored.get(key) is not None and key not in overrides:
-            overrides[key] = int(stored[key])
+    overrides = dict(stored.get("overrides") or {}) | dict(overrides)
     log.info("%s: at its stored inference settings (%s)", provenance.get("source", "checkpoint"),
-             ", ".join(f"{k}={v}" for k, v in stored.items() if k in ("img_size", "patch_size", "merge")))
+             stored.get("label", "img_size and overrides"))
     return img_size, overrides
 
 

@@ -217,11 +217,11 @@ def save_choice(path, row: dict[str, Any], out, how: dict[str, Any]) -> Path:
 
     with quiet_loads():
         model = load_model(path)
-    model.provenance[INFERENCE_SETTINGS] = {"img_size": row["img_size"], "patch_size": row["patch_size"],
-                                      "merge": row["merge"],
-                                      "measured": {k: row[k] for k in ("top1", "gmacs", "latency_ms", "img_per_s",
-                                                                       "tokens", "tokens_out") if k in row},
-                                      **how}
+    base = asdict(native(model))
+    changed = {k: row[k] for k in ("patch_size", "merge") if row[k] != base[k]}  # what load_model is told
+    measured = {k: row[k] for k in ("top1", "gmacs", "latency_ms", "img_per_s", "tokens", "tokens_out") if k in row}
+    model.provenance[INFERENCE_SETTINGS] = {"img_size": row["img_size"], "label": row["label"], "overrides": changed,
+                                            "measured": measured, **how}
     out = Path(out)
     save_model(model, out)
     return out

@@ -232,6 +232,11 @@ class VisionTransformer(nn.Module):
                     global_pool=c.global_pool, fc_norm=c.fc_norm, no_embed_class=not c.prefix_pos,
                     reg_tokens=c.num_reg_tokens, pre_norm=c.pre_norm, final_norm=c.final_norm)
 
+    def set_merge(self, r: int) -> None:
+        """Token merging (ToMe, layers/tome.py) from now on: `r` tokens merged per block (0: the plain model);
+        the config checks `r` against the patch count."""
+        self.cfg = self.cfg.replace(merge=int(r))
+
     def set_input_size(self, img_size=None, patch_size: int | None = None, interpolation: str | None = None,
                        antialias: bool | None = None) -> None:
         """Change the native resolution and/or the patch size. A new patch size resamples the patch kernel
