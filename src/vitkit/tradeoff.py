@@ -37,6 +37,10 @@ class Setting:
     def label(self) -> str:
         return f"{self.img_size}px p{self.patch_size}" + (f" r{self.merge}" if self.merge else "")
 
+    def changes_from(self, base: Setting) -> dict[str, int]:
+        """The config overrides that load the checkpoint (at `base`) at this setting: the knobs that differ."""
+        return {k: v for k, v in (("patch_size", self.patch_size), ("merge", self.merge)) if v != getattr(base, k)}
+
 
 def parse_grid(text: str) -> dict[str, list[int]]:
     """'img=40,56;patch=4,8;merge=0,8' -> {img_size: [40, 56], patch_size: [4, 8], merge: [0, 8]}."""
@@ -58,7 +62,7 @@ def parse_grid(text: str) -> dict[str, list[int]]:
 def knobs(model) -> dict[str, bool]:
     """Which knobs `model` can turn: every model its resolution; patch size and merging where it can."""
     return {"img_size": True, "patch_size": "patch_resample" in getattr(model, "capabilities", ()),
-            "merge": hasattr(getattr(model, "cfg", None), "merge") and "token_seam" in getattr(model, "capabilities", ())}
+            "merge": hasattr(model, "set_merge")}  # what api.set_merge asks
 
 
 def native(model) -> Setting:
@@ -138,13 +142,8 @@ def load_at(path, setting: Setting, base: Setting):
     """The checkpoint loaded at `setting` (only the knobs that differ from its native `base` are passed)."""
     from .api import load_model
 
-    kw: dict[str, Any] = {"img_size": setting.img_size}
-    if setting.patch_size != base.patch_size:
-        kw["patch_size"] = setting.patch_size
-    if setting.merge != base.merge:
-        kw["merge"] = setting.merge
     with quiet_loads():
-        return load_model(path, **kw).eval()
+        return load_model(path, img_size=setting.img_size, **setting.changes_from(base)).eval()
 
 
 def measure(path, settings: list[Setting], dataset, num_classes: int, *, batch: int = 8, batch_size: int = 256,
@@ -217,8 +216,8 @@ def save_choice(path, row: dict[str, Any], out, how: dict[str, Any]) -> Path:
 
     with quiet_loads():
         model = load_model(path)
-    base = asdict(native(model))
-    changed = {k: row[k] for k in ("patch_size", "merge") if row[k] != base[k]}  # what load_model is told
+    chosen = Setting(row["img_size"], row["patch_size"], row["merge"])
+    changed = chosen.changes_from(native(model))  # what load_model is told
     measured = {k: row[k] for k in ("top1", "gmacs", "latency_ms", "img_per_s", "tokens", "tokens_out") if k in row}
     model.provenance[INFERENCE_SETTINGS] = {"img_size": row["img_size"], "label": row["label"], "overrides": changed,
                                             "measured": measured, **how}

@@ -66,24 +66,22 @@ def data_options(args: argparse.Namespace) -> dict[str, str] | None:
     return out or None
 
 
-def positive_int(text: str) -> int:
+def _whole_number(text: str, least: int, need: str) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    if v < least:
+        raise argparse.ArgumentTypeError(f"must be {need}, got {v}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _whole_number(text, 1, "at least 1")
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
+    return _whole_number(text, 0, "0 or more")
 
 
 def non_negative_float(text: str) -> float:
