@@ -17,9 +17,11 @@ from typing import NoReturn
 import torch
 from PIL import Image
 from torchvision.transforms import InterpolationMode, v2
+from torch.utils.data import default_collate
 from torchvision.transforms.v2 import functional as TF
 
 from ..errors import ConfigError
+from ..layers.naflex import ImagePatches, grid_for_budget, image_patches, pad_patches
 
 _INTERP = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
            "nearest": InterpolationMode.NEAREST}
@@ -114,11 +116,77 @@ class EvalResizeCrop(torch.nn.Module):
         return TF.center_crop(img, [th, tw])
 
 
+class TokenBudgetResize(torch.nn.Module):
+    """Resize keeping the aspect ratio to the largest grid of `patch`-pixel patches with at most `max_tokens`
+    (layers/naflex.grid_for_budget; each side a whole number of patches, as timm's NaFlex transforms)."""
+
+    def __init__(self, patch: int, max_tokens: int, interpolation: InterpolationMode = InterpolationMode.BICUBIC):
+        super().__init__()
+        self.patch, self.max_tokens, self.interpolation = int(patch), int(max_tokens), interpolation
+
+    def forward(self, img):
+        h, w = TF.get_size(img)
+        gh, gw = grid_for_budget(h, w, self.patch, self.max_tokens)
+        size = [gh * self.patch, gw * self.patch]
+        return img if size == [h, w] else TF.resize(img, size, interpolation=self.interpolation, antialias=True)
+
+
+class ToPatches(torch.nn.Module):
+    """A normalised image [C, Gh*P, Gw*P] -> ImagePatches (its patches [Gh*Gw, C*P*P] and grid)."""
+
+    def __init__(self, patch: int):
+        super().__init__()
+        self.patch = int(patch)
+
+    def forward(self, img: torch.Tensor) -> ImagePatches:
+        return image_patches(img, self.patch)
+
+
+def native_aspect(pre) -> bool:
+    """Whether `pre` feeds images at their own aspect ratio under a token budget (NaFlex) instead of a crop."""
+    return bool(getattr(pre, "max_tokens", 0))
+
+
+def stack_inputs(items: list):
+    """Transformed images -> one model input: [B, C, H, W], or a padded PatchBatch of ImagePatches (NaFlex)."""
+    if items and isinstance(items[0], ImagePatches):
+        return pad_patches(items)
+    return torch.stack(items)
+
+
+def collate(batch: list):
+    """The loaders' collate: torch's default, except that ImagePatches (the first field of each item, or the items
+    themselves) become one padded PatchBatch."""
+    first = batch[0]
+    if isinstance(first, ImagePatches):
+        return stack_inputs(batch)
+    if isinstance(first, (tuple, list)) and first and isinstance(first[0], ImagePatches):
+        return (stack_inputs([b[0] for b in batch]), *default_collate([tuple(b[1:]) for b in batch]))
+    return default_collate(batch)
+
+
+def blank_input(pre):
+    """What stands in for an image that failed to load (zeros; flagged by the caller): [C, H, W], or one patch."""
+    c, h, w = (int(v) for v in pre.input_size)
+    if native_aspect(pre):
+        return ImagePatches(torch.zeros(1, c * pre.token_patch ** 2), (1, 1), pre.token_patch)
+    return torch.zeros(c, h, w)
+
+
 def eval_transform(pre) -> v2.Compose:
     """timm's eval transform for `pre` (`timm.data.create_transform(**resolve_data_config(...))`): resize so
     that the centre crop of `crop_pct` fills the input, keeping the aspect ratio (the shorter side is
     scaled), centre-crop, scale to [0, 1], normalise. PIL images give the same tensor as timm's transform
-    (to float rounding); the channel count is matched to the model's first."""
+    (to float rounding); the channel count is matched to the model's first.
+
+    With `max_tokens` (NaFlex) no crop: the whole image, resized keeping its aspect ratio to the largest patch
+    grid within the budget (`TokenBudgetResize`), normalised and cut into ImagePatches; `collate` pads them."""
+    if native_aspect(pre):
+        return v2.Compose([
+            *_channels(pre.input_size[0]), v2.ToImage(),
+            TokenBudgetResize(pre.token_patch, pre.max_tokens, _INTERP.get(pre.interpolation, InterpolationMode.BICUBIC)),
+            v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pre.mean), list(pre.std)), ToPatches(pre.token_patch),
+        ])
     return v2.Compose([
         *_channels(pre.input_size[0]), EvalResizeCrop(pre), v2.ToImage(),
         v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pre.mean), list(pre.std)),

@@ -72,10 +72,16 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, return_attn: bool = False, rope: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None):
+                bias: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """x [B, N, D]; rope: rotary table [..., n, 2 Dh] for the last n tokens (the patches; see layers/rope.py);
-        bias: added to the attention logits, [1, H, N, N] (a relative position bias, layers/rel_pos.py)."""
+        bias: added to the attention logits, [1, H, N, N] (a relative position bias, layers/rel_pos.py);
+        mask: boolean [B, 1, 1, N], False for keys no token may attend to (padding, layers/naflex.py)."""
         q, k, v = self._heads(x, rope)
+        if mask is not None:  # a padded batch: the boolean mask goes to SDPA as it is (its masked kernel)
+            if bias is not None:
+                raise ValueError("an attention bias and a padding mask together are not supported")
+            x, attn = self._attend(q, k, v, return_attn, mask, bias_in_sdpa=True)
+            return (x, attn) if return_attn else x
         # with a bias, the matmul form: torch 2.14's ONNX export mis-strides SDPA's output given a float mask
         x, attn = self._attend(q, k, v, return_attn, bias, bias_in_sdpa=False)
         return (x, attn) if return_attn else x
@@ -108,7 +114,8 @@ class Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_attn: bool,
                 bias: torch.Tensor | None, bias_in_sdpa: bool):
         """Heads [B, H, N, Dh] -> (projected output [B, N, D], probabilities [B, H, N, N] or None); `bias` is added
-        to the logits (any shape broadcasting to [B, H, N, N]), inside SDPA only where `bias_in_sdpa`."""
+        to the logits (any shape broadcasting to [B, H, N, N]), inside SDPA only where `bias_in_sdpa`; a boolean
+        `bias` is a mask (False: that logit is -inf), as SDPA reads one."""
         B, H, N, Dh = q.shape
         attn = None
         fused = self.fused and not return_attn and not (self.matmul_attention and sdpa_is_slower(q))
@@ -117,7 +124,9 @@ class Attention(nn.Module):
                                                dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, H, N, N]
-            if bias is not None:
+            if bias is not None and bias.dtype == torch.bool:
+                attn = attn.masked_fill(~bias, float("-inf"))
+            elif bias is not None:
                 attn = attn + bias
             attn = self.attn_map(attn.softmax(dim=-1))
             x = self.attn_drop(attn) @ v  # [B, H, N, Dh]

@@ -81,17 +81,17 @@ class Block(nn.Module):
         self.native_fastpath = False
 
     def forward(self, x: torch.Tensor, return_attn: bool = False, rope: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None):
+                bias: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """rope: the rotary table for the patch tokens (layers/rope.py); bias: an additive attention bias
-        [1, H, N, N] (layers/rel_pos.py)."""
-        if (rope is None and bias is None and not return_attn and self.native_fastpath
+        [1, H, N, N] (layers/rel_pos.py); mask: boolean [B, 1, 1, N], False for padding keys (layers/naflex.py)."""
+        if (rope is None and bias is None and mask is None and not return_attn and self.native_fastpath
                 and self._fastpath_applies(x)):
             return self._native_forward(x)
         attn_in = x if self.post_norm else self.norm1(x)
         if return_attn:
-            y, attn = self.attn(attn_in, return_attn=True, rope=rope, bias=bias)
+            y, attn = self.attn(attn_in, return_attn=True, rope=rope, bias=bias, mask=mask)
         else:
-            y, attn = self.attn(attn_in, rope=rope, bias=bias), None
+            y, attn = self.attn(attn_in, rope=rope, bias=bias, mask=mask), None
         if self.post_norm:
             x = x + self.drop_path1(self.norm1(y))
             x = x + self.drop_path2(self.norm2(self.mlp(x)))

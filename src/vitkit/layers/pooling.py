@@ -25,7 +25,8 @@ class AttentionPoolLatent(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act=act)
         nn.init.trunc_normal_(self.latent, std=dim**-0.5)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """valid: [B, N] bool, False for padding tokens the query must not attend to (layers/naflex.py)."""
         B, N, D = x.shape
         # per-sample query as timm computes it; a copy, not an expanded view of the parameter (module hooks
         # such as FlopCounterMode's cannot track a grad-requiring view made under no_grad)
@@ -34,7 +35,10 @@ class AttentionPoolLatent(nn.Module):
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         k, v = kv.unbind(0)  # each [B, H, N, Dh]
         # one query: the plain matmul form costs what a fused kernel would, and FLOP counters see it
-        attn = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1)  # [B, H, 1, N]
+        attn = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)  # [B, H, 1, N]
+        if valid is not None:
+            attn = attn.masked_fill(~valid[:, None, None, :], float("-inf"))
+        attn = attn.softmax(dim=-1)
         x = attn @ v  # [B, H, 1, Dh]
         x = self.proj(x.transpose(1, 2).reshape(B, 1, D))
         x = x + self.mlp(self.norm(x))

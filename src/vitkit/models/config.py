@@ -176,6 +176,10 @@ class Preprocess(JsonConfig):
     interpolation: str = "bicubic"
     crop_pct: float = 0.9
     input_size: tuple[int, int, int] = (3, 224, 224)
+    # native aspect ratio (NaFlex, layers/naflex.py): each image resized, aspect kept, to the largest grid of
+    # `token_patch`-pixel patches with at most `max_tokens`, instead of a crop at input_size; 0: off
+    max_tokens: int = 0
+    token_patch: int = 0
 
     def for_channels(self, c: int) -> Preprocess:
         """The same preprocessing for a `c`-channel input: mean/std averaged when the count changes

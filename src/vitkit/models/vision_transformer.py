@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -27,6 +28,7 @@ from ..layers import (
     resample_pos_embed,
     sincos_2d_pos_embed,
 )
+from ..layers.naflex import PatchBatch, key_padding_mask
 from ..layers.patch_embed import adapt_in_chans, kept_original, resample_patch_kernel, to_2tuple
 from ..layers.tome import merge_schedule
 from .config import ViTConfig, default_preprocess
@@ -40,7 +42,8 @@ class VisionTransformer(nn.Module):
     DINOv2 do); the config stores the names, so a checkpoint rebuilds the same model."""
 
     head_names = ("head", "head_dist")  # classifier modules (re-initialised for new classes, own LR)
-    capabilities = frozenset({"attention_maps", "pos_resample", "patch_resample", "intermediates", "token_seam"})
+    capabilities = frozenset({"attention_maps", "pos_resample", "patch_resample", "intermediates", "token_seam",
+                              "native_aspect"})
     output_fmts = ("NCHW", "NLC")  # what forward_intermediates gives (models/features.py)
 
     def __init__(self, cfg: ViTConfig | None = None, *, embed_layer=None, mlp_layer=None, preprocess=None,
@@ -237,6 +240,31 @@ class VisionTransformer(nn.Module):
         the config checks `r` against the patch count."""
         self.cfg = self.cfg.replace(merge=int(r))
 
+    def set_max_tokens(self, n: int) -> None:
+        """Inputs at their own aspect ratio from now on (NaFlex): the preprocessing resizes each image, keeping its
+        aspect ratio, to the largest grid of patches with at most `n` (layers/naflex.py) and batches images of
+        different grids padded (a PatchBatch, which `forward` masks); 0: square inputs at the input size again.
+        The weights are untouched; the position table is resampled per grid as at any other resolution."""
+        n = int(n)
+        if n < 0:
+            raise ConfigError(f"max tokens must be at least 1 (one {self.cfg.patch_size}x{self.cfg.patch_size} patch), "
+                              f"got {n}")
+        if n:
+            self._check_native_aspect()
+        self.preprocess = dataclasses.replace(self.preprocess, max_tokens=n, token_patch=self.cfg.patch_size if n else 0)
+
+    def _check_native_aspect(self) -> None:
+        """One line for a model a padded batch of different grids cannot run through."""
+        arch = self.provenance.get("arch", "this model")
+        why = ("its rotary positions" if self.rope is not None else
+               "its relative position biases" if self.cfg.rel_pos != "none" else
+               f"token merging (merge={self.cfg.merge})" if self.cfg.merge else
+               f"its {self.cfg.embed_layer!r} embedding (a CNN stem)" if not hasattr(self.patch_embed, "set_patch_size")
+               else None)
+        if why:
+            raise ConfigError(f"{arch}: native aspect ratio under a token budget (--max-tokens) is not supported with "
+                              f"{why}; use square inputs (no --max-tokens)")
+
     def set_input_size(self, img_size=None, patch_size: int | None = None, interpolation: str | None = None,
                        antialias: bool | None = None) -> None:
         """Change the native resolution and/or the patch size. A new patch size resamples the patch kernel
@@ -264,6 +292,8 @@ class VisionTransformer(nn.Module):
             self.patch_embed.set_img_size(img_size)
         self.cfg = cfg
         self.preprocess = dataclasses.replace(self.preprocess, input_size=(self.cfg.in_chans, *img_size))
+        if self.preprocess.max_tokens:  # the token budget counts patches of the new size
+            self.preprocess = dataclasses.replace(self.preprocess, token_patch=self.cfg.patch_size)
         if table is not None:
             self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
 
@@ -464,6 +494,49 @@ class VisionTransformer(nn.Module):
             raise ConfigError("keeping a subset of patches (MAE) is not supported with relative position biases")
         return self.rel_pos_bias(grid)
 
+    def embed_patches(self, batch: PatchBatch) -> torch.Tensor:
+        """A PatchBatch (layers/naflex.py) -> input tokens of the first block [B, P + L, D]: the patch kernel as one
+        matmul on the flattened patches, each image's own grid of the position table (resampled per grid as
+        `_pos_table` does for a square input), then the prefix tokens. Padding rows get no position."""
+        self._check_native_aspect()
+        pe = self.patch_embed
+        patch = pe.cut_size or pe.patch_size
+        if (batch.patch_size, batch.patch_size) != tuple(patch):
+            raise ConfigError(f"the batch was cut into {batch.patch_size}x{batch.patch_size} patches, the model cuts "
+                              f"{patch[0]}x{patch[1]}: build the batch with patch size {patch[0]}")
+        kernel = pe.proj.weight if pe.cut_size is None else resample_patch_kernel(pe.proj.weight, pe.cut_size)
+        if batch.patches.shape[-1] != kernel[0].numel():
+            raise ConfigError(f"patches of {batch.patches.shape[-1]} values do not fit the model's "
+                              f"{kernel.shape[1]}x{patch[0]}x{patch[1]} patch kernel (channels?)")
+        x = F.linear(batch.patches.to(kernel.dtype), kernel.flatten(1), pe.proj.bias)  # [B, L, D]
+        x = pe.norm(x)
+        if self.pos_embed is not None:
+            L, tables, rows = x.shape[1], {}, []
+            for gh, gw in batch.grids.tolist():
+                if (gh, gw) not in tables:
+                    tables[gh, gw] = self._pos_table((gh, gw))[0, self._pos_prefix:]  # [Gh*Gw, D]
+                rows.append(F.pad(tables[gh, gw], (0, 0, 0, L - gh * gw)))
+            x = x + torch.stack(rows).to(x.dtype)  # [B, L, D]
+        x = self.add_prefix(x)
+        return self.norm_pre(self.pos_drop(x))
+
+    def _forward_patch_batch(self, batch: PatchBatch, return_attn: bool, return_sizes: bool):
+        """forward_features for a PatchBatch: every block attends over each image's own tokens only."""
+        x = self.embed_patches(batch)
+        mask = key_padding_mask(batch.token_mask(self.num_prefix_tokens).to(x.device))  # [B, 1, 1, T]
+        attns = []
+        for blk in self.blocks:
+            if return_attn:
+                x, a = blk(x, return_attn=True, mask=mask)
+                attns.append(a)
+            elif self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, mask=mask, use_reentrant=False)
+            else:
+                x = blk(x, mask=mask)
+        x = self.norm(x)
+        out = (x, attns) if return_attn else (x,)
+        return (*out, None) if return_sizes else (out if return_attn else x)
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Image [B, C, H, W] -> input tokens of the first block [B, P + N, D]."""
         return self.prepare_tokens(x)
@@ -475,7 +548,13 @@ class VisionTransformer(nn.Module):
         """Image -> normalised tokens [B, P + N, D] (`keep`, `mask`, `pos`: see `prepare_tokens`). With
         `return_attn`, also the list of per-block attention probabilities [B, H, T, T] (computed on the
         eager path for this call only). With token merging (`cfg.merge`, layers/tome.py) fewer tokens come out;
-        `return_sizes` also returns how many patches each stands for [B, T, 1] (None without merging)."""
+        `return_sizes` also returns how many patches each stands for [B, T, 1] (None without merging).
+        A PatchBatch (images of their own grids, padded; layers/naflex.py) gives [B, P + L, D] with padding rows
+        that mean nothing: pool them with `forward_head(..., valid=batch.token_mask(num_prefix_tokens))`."""
+        if isinstance(x, PatchBatch):
+            if keep is not None or mask is not None or pos is not None:
+                raise ConfigError("keep / mask / pos take a square image batch, not a PatchBatch")
+            return self._forward_patch_batch(x, return_attn, return_sizes)
         grid = self.patch_embed.grid_for(x.shape[-2], x.shape[-1]) if self._grid_aware else None
         rope = None if self.rope is None else self.rope_table(grid, keep, x.device)
         biases = self._block_biases(grid, keep)
@@ -503,7 +582,7 @@ class VisionTransformer(nn.Module):
         out = (x, attns) if return_attn else (x,)
         return (*out, sizes) if return_sizes else (out if return_attn else x)
 
-    def pool(self, x: torch.Tensor, sizes: torch.Tensor | None = None) -> torch.Tensor:
+    def pool(self, x: torch.Tensor, sizes: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """[B, T, D] -> [B, D] by the configured pooling: the class token, or mean / max / MAP over the patch tokens
         (over all tokens with `pool_include_prefix`, as timm's EVA-family models pool). `sizes` [B, T, 1] of merged
         tokens weight the mean (ToMe's MAE pooling: each token counts for the patches it stands for)."""
@@ -511,17 +590,25 @@ class VisionTransformer(nn.Module):
             return x[:, 0]
         start = 0 if self.cfg.pool_include_prefix else self.num_prefix_tokens
         tokens = x[:, start:]
+        valid = None if valid is None else valid[:, start:]  # [B, T'] False for padding (a PatchBatch's)
         if self.attn_pool is not None:
-            return self.attn_pool(tokens)
+            return self.attn_pool(tokens, valid)
+        if valid is not None:
+            if self.cfg.global_pool == "avg":
+                weights = valid[..., None].to(tokens.dtype)  # [B, T', 1]
+                return (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
+            return tokens.masked_fill(~valid[..., None], float("-inf")).amax(dim=1)
         if self.cfg.global_pool == "avg" and sizes is not None:
             weights = sizes[:, start:]  # [B, T', 1]
             return (tokens * weights).sum(dim=1) / weights.sum(dim=1)
         return tokens.mean(dim=1) if self.cfg.global_pool == "avg" else tokens.amax(dim=1)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, sizes: torch.Tensor | None = None):
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, sizes: torch.Tensor | None = None,
+                     valid: torch.Tensor | None = None):
         """Tokens [B, T, D] -> logits [B, K] (or pooled features [B, D'] with `pre_logits=True`); `sizes`: of merged
-        tokens (`forward_features(..., return_sizes=True)`), for mean pooling."""
-        feats = self.pre_logits(self.fc_norm(self.pool(x, sizes)))
+        tokens (`forward_features(..., return_sizes=True)`), for mean pooling; `valid` [B, T]: False for the padding
+        of a PatchBatch (`batch.token_mask(num_prefix_tokens)`), left out of pooling."""
+        feats = self.pre_logits(self.fc_norm(self.pool(x, sizes, valid)))
         if self.head_dist is None:
             return feats if pre_logits else self.head(self.head_drop(feats))
         dist = self.pre_logits(self.fc_norm(x[:, 1]))  # the distillation token's features
@@ -536,13 +623,15 @@ class VisionTransformer(nn.Module):
                 mask: torch.Tensor | None = None, pos: torch.Tensor | None = None, features: bool = False):
         """Logits (with `return_attn`, also the attention maps). `features=True` returns the normalised tokens
         of `forward_features` instead: objectives that train on tokens (MAE, DINOv2) call the model this way,
-        so a DDP-wrapped or compiled model works the same. `keep`, `mask`, `pos`: see `prepare_tokens`."""
+        so a DDP-wrapped or compiled model works the same. `keep`, `mask`, `pos`: see `prepare_tokens`. `x` may be
+        a PatchBatch (layers/naflex.py): its padding is masked out of attention and pooling."""
+        valid = x.token_mask(self.num_prefix_tokens) if isinstance(x, PatchBatch) else None
         if return_attn:
             feats, attns, sizes = self.forward_features(x, return_attn=True, keep=keep, mask=mask, pos=pos,
                                                         return_sizes=True)
-            return (feats if features else self.forward_head(feats, sizes=sizes)), attns
+            return (feats if features else self.forward_head(feats, sizes=sizes, valid=valid)), attns
         feats, sizes = self.forward_features(x, keep=keep, mask=mask, pos=pos, return_sizes=True)
-        return feats if features else self.forward_head(feats, sizes=sizes)
+        return feats if features else self.forward_head(feats, sizes=sizes, valid=valid)
 
     @property
     def feature_info(self) -> list[dict]:
@@ -571,6 +660,9 @@ class VisionTransformer(nn.Module):
         taken (the final tokens are then that block's, normed, as timm's).
         """
         check_output_fmt(output_fmt, self.output_fmts)
+        if isinstance(x, PatchBatch):
+            raise ConfigError("dense features (forward_intermediates) take a square image batch, not a PatchBatch "
+                              "(no --max-tokens)")
         if self.cfg.merge:
             raise ConfigError(f"merge={self.cfg.merge}: dense features (forward_intermediates) need every patch token; "
                               "build or load the model with merge=0 for them")
