@@ -267,6 +267,23 @@ def set_merge(model, r: int) -> None:
     model.set_merge(r)
 
 
+def set_max_tokens(model, n: int) -> None:
+    """Images at their own aspect ratio from now on, in place (NaFlex): each resized, keeping its aspect ratio, to
+    the largest patch grid with at most `n` patches and batched padded with masks (layers/naflex.py); 0: square
+    inputs again. One line for a model that cannot (no patch tokens, an exported model, rotary positions...)."""
+    if "native_aspect" not in getattr(model, "capabilities", ()):
+        what = f"a {model.family} model" if hasattr(model, "family") else f"a {type(model).__name__} (exported)"
+        raise ConfigError(f"{what} cannot take images at their own aspect ratio (--max-tokens): that runs on "
+                          "PyTorch ViTs with learned or sin-cos positions")
+    model.set_max_tokens(n)
+
+
+def _at_max_tokens(model: nn.Module, n: int | None) -> nn.Module:
+    if n is not None:
+        set_max_tokens(model, n)
+    return model
+
+
 def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> dict:
     """Load any supported checkpoint into an existing model (with adaptation, see weights.load)."""
     return _load(model, read_checkpoint(path), strict)
@@ -294,6 +311,7 @@ def load_model(
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
     device: str | torch.device = "cpu",
+    max_tokens: int | None = None,
     **overrides: Any,
 ) -> nn.Module:
     """Rebuild a model of any registered family from a file alone (or a foreign checkpoint already read, a dict).
@@ -302,22 +320,26 @@ def load_model(
     read off the shapes (plus config.json for HF folders). A pretraining file gives the whole model: a CLIP
     pair (both towers), an MAE with its decoder, DINO with its head; `tower="image"` gives its image model alone
     (the ViT; any other model is its own image tower). `model_name` forces a registered architecture.
-    `num_classes`, `img_size` and config overrides (e.g. `in_chans=1`) adapt the model as it loads.
+    `num_classes`, `img_size` and config overrides (e.g. `in_chans=1`) adapt the model as it loads;
+    `max_tokens` feeds images at their own aspect ratio within that many patches (`set_max_tokens`).
     """
     name = pretrained_name(path)
     if name is not None and model_name in (None, name.partition(".")[0]) and tower is None:
         # published weights by name: the registered architecture and preprocessing, the hub's weights
-        return create_model(name, pretrained=True, num_classes=num_classes, img_size=img_size,
-                            **overrides).to(device)
+        return _at_max_tokens(create_model(name, pretrained=True, num_classes=num_classes, img_size=img_size,
+                                           **overrides), max_tokens).to(device)
     ckpt = read_checkpoint(path)
     if tower is not None:
         ckpt = ckpt.tower(tower)
     source = ckpt.path
+    if max_tokens is not None:
+        overrides[MAX_TOKENS] = max_tokens
     img_size, overrides = _with_inference_settings(ckpt.provenance, img_size, overrides)
+    max_tokens = overrides.pop(MAX_TOKENS, None)  # the caller's, else the stored setting's: not a config field
     if model_name is not None:
         model = _build(get_entry(model_name), ckpt, num_classes, img_size, overrides)
         _load(model, ckpt, strict=True)
-        return _with_fast_paths(model).to(device)
+        return _with_fast_paths(_at_max_tokens(model, max_tokens)).to(device)
     fam = get_family(ckpt.family)
     cfg = ckpt.config
     _check_patch_size(fam, cfg, overrides.get("patch_size"), with_weights=True)
@@ -355,10 +377,11 @@ def load_model(
     model.provenance["imported_from"] = ckpt.layout
     if guessed:
         model.provenance["preprocess_from"] = guessed
-    return _with_fast_paths(model).to(device)
+    return _with_fast_paths(_at_max_tokens(model, max_tokens)).to(device)
 
 
 INFERENCE_SETTINGS = "inference_settings"  # provenance key: the setting a checkpoint runs at by default
+MAX_TOKENS = "max_tokens"  # a stored setting's override that is the preprocessing's, not the config's
 
 
 def _with_inference_settings(provenance: dict[str, Any] | None, img_size, overrides: dict[str, Any]):

@@ -11,7 +11,7 @@ import torch
 
 from .data.datasets import data_spec, describe_split, eval_loader, load_data, load_eval_split, shared_images
 from .data.images import image_source, load_image
-from .data.transforms import conversion_note, eval_transform
+from .data.transforms import conversion_note, eval_transform, stack_inputs
 from .errors import DataError, ImageError, VitkitError
 from .training.evaluate import evaluate, per_class
 from .training.models import in_chans
@@ -29,7 +29,7 @@ def predict_files(model, paths, top_k: int = 3) -> tuple[list[dict[str, Any]], l
     for path in paths:
         try:
             image = load_image(path, in_chans(model))
-            x = tf(image)[None]  # [1, C, H, W]
+            x = stack_inputs([tf(image)])  # [1, C, H, W] (a PatchBatch with max_tokens)
         except ImageError as e:
             errors.append({"image": str(path), "error": str(e)})
             continue

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .models.features import pooled_features
+
 KNN_K, KNN_T = 20, 0.07
 
 
@@ -39,7 +41,7 @@ def extract_features(model: nn.Module, loader, device: torch.device | str = "cpu
         for batch in loader:
             x, y = batch[0].to(device), batch[1]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                f = model.forward_head(model.forward_features(x), pre_logits=True)
+                f = pooled_features(model, x)
             feats.append(f.float().cpu())
             labels.append(torch.as_tensor(y).long().cpu())
     finally:

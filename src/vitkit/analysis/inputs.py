@@ -33,12 +33,17 @@ def prepare(model, image, size: tuple[int, int] | None = None) -> tuple[torch.Te
 
     from torchvision.transforms.v2 import functional as TF
 
-    from ..data.transforms import EvalResizeCrop, MatchChannels
+    from ..data.transforms import EvalResizeCrop, MatchChannels, TokenBudgetResize, native_aspect
 
     pre = model.preprocess
     channels = int(model.cfg.in_chans)
     size = tuple(size) if size else tuple(pre.input_size[1:])
-    crop = EvalResizeCrop(dataclasses.replace(pre, input_size=(channels, *size)))
+    if native_aspect(pre) and size == tuple(pre.input_size[1:]):
+        # NaFlex: the whole image at its own aspect ratio within the token budget; one image needs no padding, so
+        # it is the plain input at that grid (the same outputs as its PatchBatch) and the map keeps its grid
+        crop = TokenBudgetResize(pre.token_patch, pre.max_tokens, pre.interpolation)
+    else:
+        crop = EvalResizeCrop(dataclasses.replace(pre, input_size=(channels, *size)))
     t = TF.pil_to_tensor(crop(MatchChannels(channels)(image)))  # [C, H, W] uint8
     raw = TF.to_dtype(t, torch.float32, scale=True)  # [C, H, W] in [0, 1]
     x = TF.normalize(raw, list(pre.mean), list(pre.std))

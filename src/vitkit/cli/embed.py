@@ -6,6 +6,7 @@ import sys
 import time
 
 from .common import add_data_options, add_json, data_options, emit, positive_int, print_table
+from .export import add_max_tokens
 
 
 def register(sub) -> None:
@@ -28,6 +29,7 @@ def register(sub) -> None:
     p.add_argument("--merge", action="store_true", help="only join the parts of a finished sharded run in --out")
     p.add_argument("--keep-parts", action="store_true", help="keep parts/ after merging")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_max_tokens(p)
     add_data_options(p)
     add_json(p)
     p.set_defaults(func=run)
@@ -51,7 +53,7 @@ def run(args) -> int:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", 1)) > 1 and ":" not in device:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        model = load_model(args.checkpoint, device=device)
+        model = load_model(args.checkpoint, device=device, max_tokens=args.max_tokens)
         meta = embed(model, args.source, args.out, checkpoint=args.checkpoint, split=args.split,
                      feature=args.feature, normalize=not args.no_normalize, dtype=args.dtype,
                      batch_size=args.batch_size, workers=args.workers, chunk_size=args.chunk_size,

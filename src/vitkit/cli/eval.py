@@ -18,7 +18,7 @@ from typing import Any
 
 from ..data.splits import EVAL_SPLITS
 from .common import add_data_options, add_json, data_options, emit, load_backend, positive_int, print_table
-from .export import add_patch_size, add_precision, with_patch_size
+from .export import add_max_tokens, add_patch_size, add_precision, with_patch_size
 
 
 def register(sub) -> None:
@@ -39,6 +39,7 @@ def register(sub) -> None:
                    "converted on first use (cached)")
     add_precision(p)
     add_patch_size(p)
+    add_max_tokens(p)
     add_data_options(p, "; default: the settings the training run recorded, when --data is its data")
     p.add_argument("--protocol", type=_protocols, default=("top1",), metavar="top1|knn|linear|seg-linear|seg-knn",
                    help="top1: the model's own classifier (default); knn: weighted k-NN on frozen features (DINO: "

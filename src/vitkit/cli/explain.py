@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from .common import add_json, emit, img_size, print_table
+from .export import add_max_tokens
 
 
 def register(sub) -> None:
@@ -29,6 +30,7 @@ def register(sub) -> None:
                    help="zero the lowest R of each attention row before rollout (0 <= R < 1)")
     p.add_argument("--img-size", type=img_size, metavar="HxW",
                    help="run at this input size instead of the model's (any multiple of the patch size)")
+    add_max_tokens(p)
     p.add_argument("--out", metavar="DIR|PATTERN|FILE.png",
                    help="where the heat maps go (default: IMAGE_STEM-METHOD.png here, so methods never overwrite "
                    "each other): a folder (DIR/IMAGE_STEM-METHOD.png), a pattern with {stem}, {method}, {index} "
@@ -52,7 +54,7 @@ def run(args) -> int:
     if args.target is not None and args.method != "grad-rollout":
         raise ConfigError("--class only applies to --method grad-rollout")
     outs = explain_paths(args.images, args.method, args.out)  # refuse a bad --out before any work
-    model = load_model(args.checkpoint).eval()
+    model = load_model(args.checkpoint, max_tokens=args.max_tokens).eval()
     label = model_label(model, args.checkpoint)
     done, errors = [], []
     for image, out in zip(args.images, outs):
@@ -103,7 +105,7 @@ def _run_dense(args) -> int:
     if args.matches < 1:
         raise ConfigError(f"--matches must be >= 1, got {args.matches}")
     outs = explain_paths(args.images[:1] if args.method == "match" else args.images, args.method, args.out)
-    model = load_model(args.checkpoint).eval()
+    model = load_model(args.checkpoint, max_tokens=args.max_tokens).eval()
     if args.method == "match":
         info = explain_match(model, *args.images, outs[0], size=args.img_size, top=args.matches)
         emit(args, info, lambda d: print(f"{len(d['matches'])} mutual patch matches drawn: {d['out']}"))

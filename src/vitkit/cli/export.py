@@ -54,8 +54,16 @@ def add_merge(p) -> None:
                    "gives the tokens per block, `vitkit tradeoff` what it costs in accuracy")
 
 
+def add_max_tokens(p) -> None:
+    """`--max-tokens` (predict, eval, serve, embed): images at their own aspect ratio under a token budget."""
+    p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+                   help="native aspect ratio (NaFlex) on a ViT: each image resized, keeping its aspect ratio, to the "
+                        "largest grid of at most N patches (no crop) and batched padded, the padding masked")
+
+
 def with_patch_size(model, args):
-    """`model` at --patch-size and --merge (a PyTorch ViT; other models refused in one line), or as it is."""
+    """`model` at --patch-size, --merge and --max-tokens (a PyTorch ViT; other models refused in one line), or as
+    it is."""
     if getattr(args, "patch_size", None):
         from ..api import set_patch_size
 
@@ -64,6 +72,10 @@ def with_patch_size(model, args):
         from ..api import set_merge
 
         set_merge(model, args.merge)
+    if getattr(args, "max_tokens", None) is not None:
+        from ..api import set_max_tokens
+
+        set_max_tokens(model, args.max_tokens)
     return model
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .common import emit, load_backend, positive_int, print_table
-from .export import add_patch_size, add_precision, with_patch_size
+from .export import add_max_tokens, add_patch_size, add_precision, with_patch_size
 
 
 def register(sub) -> None:
@@ -24,6 +24,7 @@ def register(sub) -> None:
                    "folder from `vitkit export --openvino`, or a checkpoint converted on first use (cached)")
     add_precision(p)
     add_patch_size(p)
+    add_max_tokens(p)
     p.add_argument("--json", nargs="?", const=True, default=False, metavar="FILE",
                    help="machine-readable output on stdout; with FILE (a detector): the detections in COCO's results "
                    "format (image_id, category_id, bbox [x, y, w, h], score), written to FILE")

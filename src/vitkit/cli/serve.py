@@ -6,7 +6,7 @@ import os
 import sys
 
 from .common import non_negative_float, positive_int
-from .export import add_merge, with_patch_size
+from .export import add_max_tokens, add_merge, with_patch_size
 
 
 def _positive(text: str) -> float:
@@ -46,6 +46,7 @@ def register(sub) -> None:
                    "patch kernel resampled (FlexiViT's pseudo-inverse resize) and its position grid following; "
                    "smaller patches are more tokens, slower and often more accurate (PyTorch backend, ViT models)")
     add_merge(p)
+    add_max_tokens(p)
     p.add_argument("--top-k", type=positive_int, default=5, help="classes returned when a request does not say")
     p.add_argument("--index", metavar="INDEX", help="a search index from `vitkit index` to enable /v1/search")
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on the API (default: "

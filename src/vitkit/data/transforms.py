@@ -16,8 +16,8 @@ from typing import NoReturn
 
 import torch
 from PIL import Image
-from torchvision.transforms import InterpolationMode, v2
 from torch.utils.data import default_collate
+from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2 import functional as TF
 
 from ..errors import ConfigError
@@ -120,9 +120,10 @@ class TokenBudgetResize(torch.nn.Module):
     """Resize keeping the aspect ratio to the largest grid of `patch`-pixel patches with at most `max_tokens`
     (layers/naflex.grid_for_budget; each side a whole number of patches, as timm's NaFlex transforms)."""
 
-    def __init__(self, patch: int, max_tokens: int, interpolation: InterpolationMode = InterpolationMode.BICUBIC):
+    def __init__(self, patch: int, max_tokens: int, interpolation: str = "bicubic"):
         super().__init__()
-        self.patch, self.max_tokens, self.interpolation = int(patch), int(max_tokens), interpolation
+        self.patch, self.max_tokens = int(patch), int(max_tokens)
+        self.interpolation = _INTERP.get(interpolation, InterpolationMode.BICUBIC)
 
     def forward(self, img):
         h, w = TF.get_size(img)
@@ -184,7 +185,7 @@ def eval_transform(pre) -> v2.Compose:
     if native_aspect(pre):
         return v2.Compose([
             *_channels(pre.input_size[0]), v2.ToImage(),
-            TokenBudgetResize(pre.token_patch, pre.max_tokens, _INTERP.get(pre.interpolation, InterpolationMode.BICUBIC)),
+            TokenBudgetResize(pre.token_patch, pre.max_tokens, pre.interpolation),
             v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pre.mean), list(pre.std)), ToPatches(pre.token_patch),
         ])
     return v2.Compose([

@@ -68,6 +68,11 @@ class PatchBatch:
     def __len__(self) -> int:
         return self.patches.shape[0]
 
+    def __getitem__(self, index) -> PatchBatch:
+        """Some of the images (an index, slice or boolean mask over the batch), padded as before."""
+        return PatchBatch(self.patches[index], self.grids[index.to(self.grids.device)
+                                                          if isinstance(index, torch.Tensor) else index], self.patch_size)
+
     @property
     def lengths(self) -> torch.Tensor:
         """[B] each image's patch count."""

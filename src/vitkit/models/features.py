@@ -14,6 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import ConfigError
+from ..layers.naflex import PatchBatch
+
+
+def pooled_features(model, x):
+    """`model.forward_head(model.forward_features(x), pre_logits=True)`: the pooled features the classifier sees
+    [B, D], for any family; a PatchBatch's padding (layers/naflex.py) is left out of the pooling."""
+    tokens = model.forward_features(x)
+    if isinstance(x, PatchBatch):
+        return model.forward_head(tokens, pre_logits=True, valid=x.token_mask(model.num_prefix_tokens))
+    return model.forward_head(tokens, pre_logits=True)
 
 
 def feature_take_indices(count: int, indices: int | Iterable[int] | None = None) -> tuple[list[int], int]:

@@ -33,8 +33,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .._files import atomic_path, atomic_write_text
-from ..data.transforms import eval_transform
+from ..data.transforms import blank_input, collate, eval_transform
 from ..errors import ConfigError, DataError, ImageError
+from ..models.features import pooled_features
 from ..models.protocol import require
 from .sources import Source, open_source
 
@@ -91,7 +92,7 @@ def features_of(model: nn.Module, x: torch.Tensor, feature: str = "pooled", norm
     Patch tokens are the last map of the feature contract with the final norm (a ViT's normed patch tokens, a
     Swin's normed last stage, a ResNet's layer4), one per position in row-major order."""
     if feature == "pooled":  # before the classifier; a CLIP model's is its projected image embedding (encode_image)
-        f = model.forward_head(model.forward_features(x), pre_logits=True)  # [B, D]
+        f = pooled_features(model, x)  # [B, D]
     elif feature == "patch":
         last = model.forward_intermediates(x, indices=1, norm=True, intermediates_only=True)[0]  # [B, F, h, w]
         f = last.flatten(2).transpose(1, 2)  # [B, h*w, F]
@@ -109,7 +110,7 @@ class _Items(Dataset):
 
     def __init__(self, source: Source, pre):
         self.source, self.transform, self.channels = source, eval_transform(pre), int(pre.input_size[0])
-        self.shape = tuple(int(v) for v in pre.input_size)
+        self.pre = pre
 
     def __len__(self) -> int:
         return len(self.source)
@@ -119,9 +120,9 @@ class _Items(Dataset):
             img, info = self.source.load(i, self.channels)
             return self.transform(img), i, True, json.dumps(info)
         except ImageError as e:
-            return torch.zeros(self.shape), i, False, json.dumps({"reason": str(e)})
+            return blank_input(self.pre), i, False, json.dumps({"reason": str(e)})
         except (OSError, ValueError, RuntimeError) as e:  # a decodable file the transform still chokes on
-            return torch.zeros(self.shape), i, False, json.dumps({"reason": f"{self.source.refs[i]}: {e}"})
+            return blank_input(self.pre), i, False, json.dumps({"reason": f"{self.source.refs[i]}: {e}"})
 
 
 def _chunk_name(i: int) -> str:
@@ -215,7 +216,7 @@ def _run_chunks(model, source: Source, parts: Path, todo: list[int], chunk_size:
             batches.append(idx[b:b + batch_size])
             owner.append(c)
     left = {c: sum(1 for o in owner if o == c) for c in todo}
-    loader = DataLoader(items, batch_sampler=batches, num_workers=workers, persistent_workers=False)
+    loader = DataLoader(items, batch_sampler=batches, num_workers=workers, persistent_workers=False, collate_fn=collate)
     device = next(model.parameters()).device
     was = model.training
     model.eval()

@@ -17,7 +17,7 @@ from torch import nn
 
 from .._files import atomic_path
 from ..data.images import load_image
-from ..data.transforms import eval_transform
+from ..data.transforms import eval_transform, stack_inputs
 from ..errors import ConfigError, DataError, ImageError
 from .embed import Embeddings, features_of, model_identity
 from .index import Hit, SearchIndex
@@ -51,7 +51,7 @@ def embed_images(model: nn.Module, paths: list[str], feature: str = "pooled",
             errors.append({"image": str(p), "error": str(e)})
     if not xs:
         return np.zeros((0, 0), np.float32), ok, errors
-    f = features_of(model, torch.stack(xs), feature, normalize)  # [n, D]
+    f = features_of(model, stack_inputs(xs), feature, normalize)  # [n, D]
     return f.numpy().astype(np.float32), ok, errors
 
 

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..data.transforms import eval_transform
+from ..data.transforms import eval_transform, stack_inputs
 from ..errors import ConfigError
 from ..inference import as_detector, box_entries, input_note, source_of, top_entries
 from ..models import require
+from ..models.features import pooled_features
 from ..training.models import in_chans
 
 DISPLAY_SIDE = 256  # explain overlays are scaled up to about this many pixels on the long side
@@ -76,7 +77,7 @@ class ModelService:
     def predict_batch(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Inputs [C, H, W] each -> class probabilities [K] each (one model call for the batch)."""
         with torch.no_grad():
-            probs = self.model(torch.stack(xs)).float().softmax(-1)  # [B, K]
+            probs = self.model(stack_inputs(xs)).float().softmax(-1)  # [B, K]
         return list(probs)
 
     def top(self, probs: torch.Tensor, k: int) -> list[dict[str, Any]]:
@@ -94,9 +95,9 @@ class ModelService:
         """Inputs [C, H, W] each -> the pooled features before the classifier [D] each (`forward_head(pre_logits=True)`;
         a CLIP model's is its projected image embedding, `encode_image`)."""
         self.require("embed")
-        x = torch.stack(xs)  # [B, C, H, W]
+        x = stack_inputs(xs)  # [B, C, H, W] (a PatchBatch with --max-tokens)
         with torch.no_grad():
-            feats = self.model.forward_head(self.model.forward_features(x), pre_logits=True)
+            feats = pooled_features(self.model, x)
         return list(feats.float())  # [B, D] -> B x [D]
 
     # ----------------------------------------------------------------------------------- one image
