@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--patch-size", type=positive_int, metavar="P", help="train at P-pixel patches; with --finetune "
                    "the checkpoint's patch kernel is resampled to P (FlexiViT's pseudo-inverse resize) and its "
                    "position grid follows (the same as --set model.patch_size=P)")
+    p.add_argument("--max-tokens", type=positive_int, metavar="N", help="NaFlex: every image at its own aspect ratio "
+                   "within N patches, batches padded and masked and sized by token budget (the same as --set "
+                   "max_tokens=N; --set token_lens=64,144,256 draws a sequence length per step)")
     p.add_argument("--task", help="training objective: classification, distillation, mae, dino, segment or detect "
                    "(the same as --set task=NAME)")
     p.add_argument("--teacher", metavar="CKPT|recipe:NAME", help="distillation teacher: a checkpoint, or a preset "
@@ -75,14 +78,15 @@ def resolve_recipe(args):
         saved = json.loads(cfg.read_text())
         recipe = Recipe.from_dict(saved["recipe"])
         if args.set or args.epochs or args.lr or args.batch_size or args.data or args.model or args.recipe or args.task \
-                or args.teacher or args.time_budget or args.patch_size:
+                or args.teacher or args.time_budget or args.patch_size or args.max_tokens:
             raise ConfigError("--resume continues the saved recipe exactly; start a new run to change it")
         return recipe, saved.get("finetune")
     name = args.recipe or ("finetune" if args.finetune else "digits")
     recipe = get_recipe(name)
     changes = {}
     for flag, field in (("data", "data"), ("model", "model"), ("epochs", "epochs"), ("batch_size", "batch_size"),
-                        ("lr", "lr"), ("seed", "seed"), ("img_size", "img_size"), ("task", "task")):
+                        ("lr", "lr"), ("seed", "seed"), ("img_size", "img_size"), ("task", "task"),
+                        ("max_tokens", "max_tokens")):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
     if args.epochs is not None:

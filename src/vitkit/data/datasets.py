@@ -56,16 +56,19 @@ class Transformed(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i):
+        """i: an index, or (index, argument) where the batch sampler gives the transform one (a NaFlex step's
+        sequence length, training/token_budget.py)."""
+        i, *arg = i if isinstance(i, tuple) else (i,)
         x, y = self.base[i]
         if not self.deterministic:
-            return self.transform(x), y
+            return self.transform(x, *arg), y
         # only the CPU generator (torch.manual_seed also seeds every accelerator: 50x slower)
         gen = torch.default_generator
         saved = gen.get_state()
         gen.manual_seed(sample_seed(self.seed, self.epoch, i))
         try:
-            return self.transform(x), y
+            return self.transform(x, *arg), y
         finally:
             gen.set_state(saved)
 

@@ -201,7 +201,12 @@ def train_transform(pre, recipe, src_size: tuple[int, int] | None = None,
     fields (crop, crop_scale, crop_padding, hflip, auto_augment, ra_num_ops, ra_magnitude, reprob).
 
     `color_jitter` (brightness, contrast, saturation[, hue] factors, after the auto-augment as in timm) is
-    not a recipe field: only `create_transform` sets it, for timm's default jitter."""
+    not a recipe field: only `create_transform` sets it, for timm's default jitter.
+
+    With `max_tokens` in `pre` (NaFlex): `BudgetTrainTransform`, the same augmentations at the image's own
+    aspect ratio."""
+    if native_aspect(pre):
+        return BudgetTrainTransform(pre, recipe, color_jitter)
     h, w = _size(pre)
     interp = _INTERP.get(pre.interpolation, InterpolationMode.BICUBIC)
     ops: list = [v2.ToImage(), *_channels(pre.input_size[0])]
@@ -213,6 +218,12 @@ def train_transform(pre, recipe, src_size: tuple[int, int] | None = None,
             ops.append(v2.Resize((h, w), interpolation=interp, antialias=True))
         if recipe.crop == "pad" and recipe.crop_padding:
             ops.append(v2.RandomCrop((h, w), padding=recipe.crop_padding))
+    return v2.Compose(ops + _augment_and_normalise(pre, recipe, interp, color_jitter))
+
+
+def _augment_and_normalise(pre, recipe, interp: InterpolationMode, color_jitter) -> list:
+    """What follows the crop in training: flip, auto-augment, jitter, then normalisation and RandomErasing."""
+    ops: list = []
     if recipe.hflip:
         ops.append(v2.RandomHorizontalFlip(recipe.hflip))
     aug_interp = InterpolationMode.BILINEAR if interp == InterpolationMode.BICUBIC else interp  # affine ops on tensors
@@ -225,7 +236,34 @@ def train_transform(pre, recipe, src_size: tuple[int, int] | None = None,
     ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pre.mean), list(pre.std))]
     if recipe.reprob:
         ops.append(v2.RandomErasing(p=recipe.reprob, value=0))
-    return v2.Compose(ops)
+    return ops
+
+
+class BudgetTrainTransform(torch.nn.Module):
+    """NaFlex training (training/token_budget.py): the recipe's crop at the image's own aspect ratio (rrc: a random
+    area and aspect-ratio box, as RandomResizedCrop draws it; pad: a padded random crop at the source size), resized
+    to the largest patch grid within the step's token budget (`max_tokens`, default the preprocessing's), then the
+    recipe's augmentations and normalisation, cut into ImagePatches."""
+
+    def __init__(self, pre, recipe, color_jitter=None):
+        super().__init__()
+        self.pre, self.recipe = pre, recipe
+        interp = _INTERP.get(pre.interpolation, InterpolationMode.BICUBIC)
+        self.before = v2.Compose([v2.ToImage(), *_channels(pre.input_size[0])])
+        self.after = v2.Compose(_augment_and_normalise(pre, recipe, interp, color_jitter))
+        self.to_patches = ToPatches(pre.token_patch)
+        self.rrc = v2.RandomResizedCrop(1, scale=(recipe.crop_scale, 1.0)) if recipe.crop == "rrc" else None
+
+    def forward(self, img, max_tokens: int | None = None) -> ImagePatches:
+        img = self.before(img)
+        h, w = TF.get_size(img)
+        if self.rrc is not None:
+            box = self.rrc.make_params([img])  # top, left, height, width of a random box (RandomResizedCrop's draw)
+            img = TF.crop(img, box["top"], box["left"], box["height"], box["width"])
+        elif self.recipe.crop == "pad" and self.recipe.crop_padding:
+            img = v2.RandomCrop((h, w), padding=self.recipe.crop_padding)(img)
+        img = TokenBudgetResize(self.pre.token_patch, max_tokens or self.pre.max_tokens, self.pre.interpolation)(img)
+        return self.to_patches(self.after(img))
 
 
 # ----------------------------------------------------------------------------------- timm's data API

@@ -46,6 +46,10 @@ def build_run(recipe: Recipe, *, finetune: str | None, strict: bool, device: tor
     if check_lr:
         check_preset_lr(r, sum(p.numel() for p in model.parameters()), model_name(r, model, finetune))
     model.class_names = data.class_names
+    if r.max_tokens:  # NaFlex: the preprocessing (and so every transform below, and the checkpoint) at a token budget
+        from ..api import set_max_tokens
+
+        set_max_tokens(model, r.max_tokens)
     data.set_channels(model_io.in_chans(model))
     model.to(device)
     pre = model.preprocess

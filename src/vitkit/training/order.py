@@ -24,6 +24,10 @@ def epoch_batches(n: int, recipe, epoch: int, d: Dist) -> list[list[list[int]]]:
     B, A = recipe.batch_size, recipe.accum_steps
     if B % (A * d.world):
         raise ConfigError(f"batch_size {B} must be divisible by accum_steps x processes = {A * d.world}")
+    if recipe.max_tokens:  # NaFlex: steps sized by token budget (training/token_budget.py)
+        from .token_budget import epoch_batches as token_budget_batches
+
+        return token_budget_batches(n, recipe, epoch, d.rank, d.world, perm)
     steps = n // B
     if recipe.steps_per_epoch:
         steps = min(steps, recipe.steps_per_epoch)

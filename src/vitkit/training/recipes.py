@@ -39,6 +39,11 @@ class Recipe(JsonConfig):
     # FlexiViT: each optimiser step cuts patches of one of these sizes (seeded by the step), the kernel and the
     # positions resampled from the model's own in the forward, so one set of weights learns every size
     flexi_patch_sizes: tuple[int, ...] = ()
+    # NaFlex (training/token_budget.py): > 0: every image at its own aspect ratio within this many patches, batches
+    # padded and masked; a step at sequence length s (one of `token_lens`, default max_tokens alone) holds
+    # batch_size * max_tokens // s images, so each step costs about the same (timm's NaFlex loader)
+    max_tokens: int = 0
+    token_lens: tuple[int, ...] = ()
     # schedule and optimiser
     epochs: int = 30
     time_budget_s: float = 0.0  # > 0: plan the epochs to end within this many wall seconds (budget.py)
@@ -107,6 +112,10 @@ class Recipe(JsonConfig):
         need(self.layer_decay is None or 0 < self.layer_decay <= 1, "layer_decay must be in (0, 1]")
         need(all(isinstance(p, int) and p >= 1 for p in self.flexi_patch_sizes),
              f"flexi_patch_sizes must be whole numbers >= 1, got {self.flexi_patch_sizes}")
+        need(self.max_tokens >= 0, f"max_tokens must be >= 1 (0: square crops), got {self.max_tokens}")
+        need(not self.token_lens or self.max_tokens, "token_lens needs max_tokens (the longest sequence)")
+        need(all(isinstance(s, int) and 1 <= s <= self.max_tokens for s in self.token_lens),
+             f"token_lens must be whole numbers from 1 to max_tokens={self.max_tokens}, got {self.token_lens}")
         from .tasks import TASKS
 
         need(self.task in TASKS, f"unknown task {self.task!r}; known: {', '.join(TASKS)}")

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 from ..errors import ConfigError
 from ..hardware import apply_fast_paths, choose_precision, this_machine
 from ..runtime import torch_threads
-from . import flexi
+from ..data.transforms import collate
+from . import flexi, token_budget
 from . import models as model_io
 from .budget import RunLength
 from .build import build_run, model_name
@@ -66,6 +67,7 @@ class Trainer:
         self.ema = make_ema(model, r.ema_decay) if r.ema else None
         self.task = make_task(r, model, num_classes=self.data.num_classes, device=self.device).to(self.device)
         flexi.check(model, self.task, r.flexi_patch_sizes)
+        token_budget.check(model, self.task, r)
         apply_fast_paths(self.task, self.decisions)  # the switches every trainable layer has, set for this machine
         if r.compile:
             model.compile()  # in place: the state dict keeps its keys
@@ -146,7 +148,7 @@ class Trainer:
         batches = epoch_batches(len(self.train_set), r, at.epoch, d)
         todo = [mb for step in batches[at.batch_in_epoch:] for mb in step]  # flat micro-batches
         it = iter(DataLoader(self.train_set, batch_sampler=todo, num_workers=r.workers, persistent_workers=False,
-                             pin_memory=self.device.type == "cuda"))
+                             pin_memory=self.device.type == "cuda", collate_fn=collate))
         self.net.train()
         t_last = time.perf_counter()
         while at.batch_in_epoch < len(batches) and at.step < self.length.total_steps:  # a budget may cut it
@@ -204,7 +206,8 @@ class Trainer:
     def _evaluate(self, model: nn.Module, ds) -> dict[str, Any]:
         self.task.eval()
         model.eval()
-        loader = DataLoader(ds, batch_size=self.recipe.eval_batch_size, shuffle=False, num_workers=self.recipe.workers)
+        loader = DataLoader(ds, batch_size=self.recipe.eval_batch_size, shuffle=False, num_workers=self.recipe.workers,
+                            collate_fn=collate)
         return self.task.evaluate(model, loader)
 
     def _end_epoch(self, bar) -> None:

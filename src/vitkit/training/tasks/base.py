@@ -54,6 +54,7 @@ class Task(nn.Module):
 
     every_parameter_used = True
     any_token_count = False  # the loss works whatever the patch grid (FlexiViT's random patch sizes, flexi.py)
+    padded_batches = False  # takes images of different grids as one padded PatchBatch (NaFlex, token_budget.py)
 
     def __init__(self, recipe, model: nn.Module, *, num_classes: int, device: torch.device):
         super().__init__()
@@ -172,4 +173,6 @@ def to_device(batch, device: torch.device):
         return type(batch)(to_device(b, device) for b in batch)
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
+    if hasattr(batch, "to"):  # a PatchBatch (layers/naflex.py)
+        return batch.to(device, non_blocking=True)
     return batch

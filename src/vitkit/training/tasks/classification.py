@@ -15,6 +15,7 @@ class ClassificationTask(Task):
     (data.transforms.batch_mixer), switched off for the last `mix_off_epochs` epochs."""
 
     any_token_count = True
+    padded_batches = True
 
     def __init__(self, recipe, model, **kw):
         super().__init__(recipe, model, **kw)

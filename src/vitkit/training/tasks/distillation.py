@@ -131,6 +131,8 @@ class DistillationTask(ClassificationTask):
     """`--set task=distillation --set task.teacher=CKPT|recipe:NAME [--set task.kind=soft --set task.tau=3 ...]`
     on a student with a distillation token (a deit_*_distilled_* model, or --set model.distilled=true)."""
 
+    padded_batches = False  # the teacher (any family) takes square images
+
     @classmethod
     def runs_first(cls, recipe) -> dict[str, tuple[str, str, tuple[str, ...]]]:
         run = teacher_run(DistillationOptions.from_dict(recipe.task_args))
