@@ -33,11 +33,15 @@ def test_the_default_grid_turns_one_knob_at_a_time_and_every_setting_is_valid(di
     n = t.native(model)
     assert grid[0] == n == t.Setting(8, 2, 0)
     for s in grid[1:]:
-        changed = [s.img_size != n.img_size, s.patch_size != n.patch_size, s.merge != n.merge]
+        changed = [s.img_size != n.img_size, s.patch_size != n.patch_size, s.merge != n.merge,
+                   s.max_tokens != n.max_tokens]
         assert any(changed) and s.img_size % s.patch_size == 0
+        if s.max_tokens:
+            assert changed == [False, False, False, True]
         if s.merge:
             assert s.merge <= (s.img_size // s.patch_size) ** 2 // 2
     assert {s.patch_size for s in grid} == {2, 3, 4} and sorted({s.merge for s in grid}) == [0, 1, 2, 3]
+    assert sorted({s.max_tokens for s in grid}) == [0, 8, 16]  # NaFlex: the native 16 patches, and half
 
 
 def test_a_grid_is_the_product_of_its_axes_and_says_what_it_skips(digits_ckpt):
@@ -70,6 +74,24 @@ def test_each_row_equals_the_model_loaded_at_that_setting(digits_ckpt):
         assert row["latency_ms"] > 0 and row["img_per_s"] > 0 and row["count"] == len(ds)
     assert rows[2]["tokens_out"] < rows[0]["tokens_out"] == rows[0]["tokens"]
     assert rows[1]["tokens"] < rows[0]["tokens"] < rows[3]["tokens"]
+
+
+def test_a_token_budget_row_is_the_model_at_that_budget_costed_at_each_images_grid(digits_ckpt):
+    """digits are square 8x8: a budget of 16 patches is the native 4x4 grid (the native row's top-1 and cost); 8
+    patches gives each image the largest square grid within it, 2x2 (no class token: average pooling)."""
+    from vitkit.data.datasets import load_eval_split
+    from vitkit.inference import evaluate_on
+
+    model = vitkit.load_model(digits_ckpt)
+    _, _, ds = load_eval_split("digits", channels=1, class_names=model.class_names)
+    settings = [t.Setting(8, 2, 0), t.Setting(8, 2, 0, 16), t.Setting(8, 2, 0, 8)]
+    rows = t.measure(digits_ckpt, settings, ds, model.num_classes, batch=4, repeats=2)
+    assert rows[1]["top1"] == rows[0]["top1"] and rows[1]["gmacs"] == rows[0]["gmacs"]
+    assert rows[1]["tokens"] == rows[0]["tokens"] == 16 and rows[2]["tokens"] == 4
+    assert rows[2]["gmacs"] == pytest.approx(model_cost(model, img_size=4).macs_total / 1e9, abs=1e-4)
+    assert rows[2]["top1"] == pytest.approx(evaluate_on(vitkit.load_model(digits_ckpt, max_tokens=8), "digits")["top1"],
+                                            abs=0.01)
+    assert rows[2]["label"] == "8px p2 <=8t"
 
 
 def test_native_row_top1_equals_vitkit_eval(digits_ckpt, capsys):

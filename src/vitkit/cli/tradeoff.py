@@ -19,9 +19,10 @@ def register(sub) -> None:
                    "on, its held-out split, as `vitkit eval` picks it)")
     p.add_argument("--split", default=None, help="which split (default: test, else val)")
     p.add_argument("--grid", default=None, metavar="AXES",
-                   help="settings to measure, the product of the axes given: 'img=40,56;patch=4,8;merge=0,8' "
-                   "(default: one knob at a time from the native point: resolution x1/2, 3/4, 5/4; patches 1.5x "
-                   "and 2x; merging a quarter, half and three quarters of the tokens)")
+                   help="settings to measure, the product of the axes given: 'img=40,56;patch=4,8;merge=0,8;"
+                   "tokens=0,100' (default: one knob at a time from the native point: resolution x1/2, 3/4, 5/4; "
+                   "patches 1.5x and 2x; merging a quarter, half and three quarters of the tokens; a token budget "
+                   "(NaFlex, each image at its own aspect ratio) of the native patch count and half of it)")
     p.add_argument("--limit", type=positive_int, default=None, help="score the first N images of the split")
     p.add_argument("--batch", type=positive_int, default=8, help="batch size of the throughput timing (default 8)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="batch size of the scoring")

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..data.transforms import collate
 from ..errors import ConfigError
 from ..hardware import apply_fast_paths, choose_precision, this_machine
 from ..runtime import torch_threads
-from ..data.transforms import collate
 from . import flexi, token_budget
 from . import models as model_io
 from .budget import RunLength
