@@ -88,10 +88,11 @@ class Block(nn.Module):
                 and self._fastpath_applies(x)):
             return self._native_forward(x)
         attn_in = x if self.post_norm else self.norm1(x)
+        padding = {} if mask is None else {"mask": mask}  # attention layers without padding masks (CLIP's causal one)
         if return_attn:
-            y, attn = self.attn(attn_in, return_attn=True, rope=rope, bias=bias, mask=mask)
+            y, attn = self.attn(attn_in, return_attn=True, rope=rope, bias=bias, **padding)
         else:
-            y, attn = self.attn(attn_in, rope=rope, bias=bias, mask=mask), None
+            y, attn = self.attn(attn_in, rope=rope, bias=bias, **padding), None
         if self.post_norm:
             x = x + self.drop_path1(self.norm1(y))
             x = x + self.drop_path2(self.norm2(self.mlp(x)))
