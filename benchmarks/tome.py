@@ -9,7 +9,7 @@ Each model is built once per R (random weights: merging costs the same whatever 
 measured here) with `create_model(..., merge=R)`, so this machine's fast paths apply as they do for a user.
 The R variants of one (model, batch, dtype) are timed round-robin by vitkit.timing, the order reversed every
 round; a speed-up is the median of the per-round ratios against R=0.
-Writes benchmarks/results/tome.{md,json}.
+Writes benchmarks/results/tome.{md,json} (`--out` names another stem).
 """
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--clock", choices=CLOCKS, default="wall")
+    p.add_argument("--out", default="tome", help="results file stem under benchmarks/results/")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,7 +82,8 @@ def main() -> int:
     command = ("python benchmarks/tome.py --models {} --batches {} --dtypes {} --merges {} --warmup {} --repeats {}"
                " --clock {}".format(args.models, args.batches, ",".join(dtypes), args.merges, args.warmup,
                                     args.repeats, args.clock)
-               + (f" --threads {args.threads}" if args.threads else ""))
+               + (f" --threads {args.threads}" if args.threads else "")
+               + (f" --out {args.out}" if args.out != "tome" else ""))
     machine = dict(cpu=caps.cpu, cores=caps.cores, threads=torch.get_num_threads(), native_bf16=caps.native_bf16,
                    torch=torch.__version__, python=platform.python_version())
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -94,8 +96,8 @@ def main() -> int:
               f"{1000 * r['seconds_per_batch']:.0f} | {r['images_per_s']:.1f} | {r['speedup_vs_r0']:.2f}x |"
               for r in rows]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tome.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "tome.json").write_text(json.dumps({"command": command, "date": date, "machine": machine,
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "date": date, "machine": machine,
                                                    "rows": rows}, indent=2) + "\n")
     print("\n".join(lines))
     return 0

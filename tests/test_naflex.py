@@ -95,6 +95,31 @@ def test_an_image_in_a_padded_batch_equals_the_image_alone(global_pool, kw):
                 assert torch.allclose(alone, model(im[None]), atol=1e-5)
 
 
+def test_a_batch_without_padding_takes_the_unmasked_kernels(monkeypatch):
+    from vitkit.layers.naflex import key_padding_mask
+    assert key_padding_mask(torch.ones(2, 5, dtype=torch.bool)) is None
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    valid[1, 3:] = False
+    assert key_padding_mask(valid).shape == (2, 1, 1, 5)
+    # bf16 inference with the fused encoder layer on: square images as a PatchBatch run that kernel, as the plain
+    # image path does (a padded batch does not), and give the plain path's tokens up to bf16 rounding
+    model = _model().to(torch.bfloat16)
+    for blk in model.blocks:
+        blk.native_fastpath = True
+    calls = []
+    fused = torch._transformer_encoder_layer_fwd
+    monkeypatch.setattr(torch, "_transformer_encoder_layer_fwd", lambda *a: calls.append(1) or fused(*a))
+    square = torch.randn(2, 3, 64, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        plain = model.forward_features(square).float()
+        assert len(calls) == 2
+        patched = model.forward_features(_batch(list(square))).float()
+        assert len(calls) == 4
+        model.forward_features(_batch(_images(SIZES[:2])).to(torch.bfloat16))
+        assert len(calls) == 4
+    assert torch.allclose(plain, patched, atol=0.05 * plain.abs().max().item())
+
+
 def test_the_eager_path_gives_the_same_outputs_and_attention_maps_without_padding():
     model = _model()
     batch = _batch(_images(SIZES))

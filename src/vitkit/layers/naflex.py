@@ -122,5 +122,9 @@ def pad_patches(items: list[ImagePatches], length: int | None = None) -> PatchBa
 
 def key_padding_mask(valid: torch.Tensor | None) -> torch.Tensor | None:
     """Token validity [B, T] -> the boolean attention mask [B, 1, 1, T] (True: attend) SDPA broadcasts over heads
-    and queries: no token attends to padding; padded queries attend to the valid keys and are never read."""
-    return None if valid is None else valid[:, None, None, :]
+    and queries: no token attends to padding; padded queries attend to the valid keys and are never read.
+    None where nothing is padding, so such a batch takes the unmasked kernels (the fused encoder layer among them:
+    with a mask it measured 0.67x the module path in bf16, benchmarks/naflex_padding.py)."""
+    if valid is None or bool(valid.all()):
+        return None
+    return valid[:, None, None, :]
