@@ -155,6 +155,35 @@ def test_bench_quick_json_runs_and_parses(capsys):
         assert (r["vs_timm"] is None) == (r["library"] == "timm")
 
 
+def test_bench_peer_rows_openvino_direct_and_the_runner(tmp_path, monkeypatch):
+    pytest.importorskip("openvino")
+    from vitkit.bench import BenchOptions, markdown, openvino_fn, run_benchmarks
+
+    monkeypatch.setenv("VITKIT_MEASURE", "1")  # the runner measures its pick, as for a user
+    opts = BenchOptions(models=("vit_pico_patch2_8",), batches=(2,), precisions=("fp32",),
+                        backends=("eager", "openvino", "runner"), train_models=(), warmup=1, repeats=2, matmul_n=64)
+    rows = run_benchmarks(opts)["rows"]
+    keys = {(r["library"], r["backend"]) for r in rows}
+    assert keys == {("vitkit", "eager"), ("timm", "eager"), ("openvino", "direct"), ("vitkit", "runner")}
+    peers = {f"{r['library']}/{r['backend']}": r["ms"] for r in rows if r["library"] != "vitkit"}
+    for r in rows:
+        if r["library"] == "vitkit":  # each vitkit row against the fastest peer of the same run
+            assert r["best_peer"] == min(peers, key=peers.get) and r["vs_best_peer"] > 0
+        else:
+            assert r["vs_best_peer"] is None and r["vs_timm"] is None
+    (runner_row,) = [r for r in rows if r["backend"] == "runner"]
+    assert runner_row["picked"] in ("torch/fp32", "openvino/fp32", "onnx/fp32")
+    assert "| direct | openvino |" in markdown({"command": "c", "options": {}, "date": "d", "machine": {
+        "cpu": "x", "cores": 2, "torch": "t", "threads": 2}, "clock": "wall", "warmup": 1, "repeats": 2,
+        "matmul_gflops": {}, "rows": rows, "notes": ""})
+    # the OpenVINO peer computes timm's outputs
+    torch.manual_seed(0)
+    twin = timm_twin(vitkit.create_model("vit_pico_patch2_8")).eval()
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        assert abs(openvino_fn(twin, x, "fp32")()[0] - twin(x).numpy()).max() <= 1e-4
+
+
 def test_bench_without_timm_names_the_extra_to_install(capsys, monkeypatch):
     for name in [m for m in sys.modules if m == "timm" or m.startswith("timm.")]:
         monkeypatch.delitem(sys.modules, name)

@@ -101,8 +101,12 @@ def test_bf16_top1_agrees_on_fashion_mnist_test_set():
         pytest.skip(f"Fashion-MNIST is not here: {e}")
     model = vitkit.load_model("bundled:fashion-mnist").eval()
     run = vitkit.runner(model, backend="openvino", precision="bf16")
-    res = compare_top1({"torch": model, "openvino_bf16": run}, eval_loader(test, model.preprocess, batch_size=256))
+    torch_bf16 = vitkit.runner(model, backend="torch", precision="bf16")  # bf16 weights, on a copy
+    res = compare_top1({"torch": model, "openvino_bf16": run, "torch_bf16": torch_bf16},
+                       eval_loader(test, model.preprocess, batch_size=256))
     assert res["agreement_with_torch"]["openvino_bf16"] >= 99.5
+    assert res["agreement_with_torch"]["torch_bf16"] >= 99.5
+    assert next(model.parameters()).dtype == torch.float32
 
 
 @pytest.mark.skipif(detect().native_bf16, reason="this CPU has native bf16: bf16 runs")
@@ -144,14 +148,20 @@ def test_auto_backend_measured_once_and_cached(tmp_path, monkeypatch):
     cache = tmp_path / "cache" / "runtimes.json"
     entries = json.loads(cache.read_text())
     (entry,) = entries.values()
-    assert run.backend == entry["backend"] in ("torch", "openvino") and set(entry["seconds_per_batch"]) == {
-        "torch", "openvino"}
+    assert run.backend == entry["backend"] in ("torch", "openvino", "onnx") and set(entry["seconds_per_batch"]) == {
+        "torch", "openvino", "onnx"}
     entry["backend"] = "openvino" if run.backend == "torch" else "torch"  # the cache decides a later call
     cache.write_text(json.dumps({k: entry for k in entries}))
     assert vitkit.runner(model, precision="fp32", batch_size=2).backend == entry["backend"]
     cache.write_text("{not json")  # corrupt: measured again, never a crash
-    assert vitkit.runner(model, precision="fp32", batch_size=2).backend in ("torch", "openvino")
+    assert vitkit.runner(model, precision="fp32", batch_size=2).backend in ("torch", "openvino", "onnx")
     assert json.loads(cache.read_text())
+    # ONNX Runtime has no bf16 and gives logits only: features measure torch against OpenVINO alone
+    features = vitkit.runner(model, precision="fp32", batch_size=2, features=True)
+    x = torch.randn(2, model.cfg.in_chans, 8, 8)
+    assert features.backend in ("torch", "openvino") and features(x).shape == (2, model.num_features)
+    (feature_entry,) = [v for k, v in json.loads(cache.read_text()).items() if "features" in k]
+    assert set(feature_entry["seconds_per_batch"]) == {"torch", "openvino"}
 
 
 def test_export_metadata_and_folder_is_written_whole(tmp_path):
@@ -164,6 +174,15 @@ def test_export_metadata_and_folder_is_written_whole(tmp_path):
     assert meta["preprocess"] == model.preprocess.to_dict() and meta["provenance"] == {"dataset": "digits", "seed": 3}
     assert meta["family"] == model.family and meta["openvino"] == out["openvino"]
     assert [p.name for p in tmp_path.iterdir()] == ["ir"]  # no staging folder left beside it
+
+
+def test_a_batch_of_the_wrong_shape_is_one_line(pico_ir):
+    run = vitkit.runner(pico_ir, backend="openvino", precision="fp32")
+    assert run(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    for bad in (torch.randn(2, 3, 8, 8), torch.randn(2, 1, 16, 16), torch.randn(1, 8, 8)):
+        with pytest.raises(ConfigError) as e:
+            run(bad)
+        assert str(e.value).count("\n") == 0 and "[B, 1, 8, 8]" in str(e.value)
 
 
 def test_ir_folder_missing_a_file_is_one_line(pico_ir, tmp_path):

@@ -2,7 +2,12 @@
 
 Both libraries get the same architecture, the same weights and the same input. Every case is timed
 round-robin (A, B, C, then C, B, A, ...) after a warm-up, so a slow patch on a shared machine hits all
-variants alike; the ratio to timm is the median of the per-round ratios. GFLOP/s counts 2 x MACs
+variants alike; the ratio to timm is the median of the per-round ratios. Beside timm eager, the peers a user
+would pick instead run in the same rounds: timm + torch.compile (backend "compile") and OpenVINO called directly
+on timm's model as its documentation shows (backend "openvino": convert_model, compile_model on the CPU with
+INFERENCE_PRECISION_HINT, the run's thread count and the LATENCY hint); every vitkit row also gets its ratio
+against the fastest peer of its (batch, precision). Backend "runner" is `vitkit.runner(model, backend="auto")`,
+what vitkit's commands run (its pick measured on this machine). GFLOP/s counts 2 x MACs
 (vitkit.analysis.cost; training = 3 x the forward), and "% peak" divides by the matmul rate measured in
 the same run for the same dtype (the faster of torch.mm and oneDNN for fp32).
 
@@ -31,7 +36,8 @@ from .timing import CLOCKS, paired_ratio, paired_times
 
 PRECISIONS = ("fp32", "bf16-autocast", "bf16")  # bf16 = weights and inputs in bf16
 TRAIN_PRECISIONS = PRECISIONS[:2]
-BACKENDS = ("eager", "compile", "onnx", "onnx-int8")
+BACKENDS = ("eager", "compile", "onnx", "onnx-int8", "openvino", "runner")
+PEERS = ("timm", "openvino")  # the libraries a vitkit row is compared with
 # the small-image training configuration of the speed issue: 32x32, patch 4, 192 wide, 6 deep
 SMALL32 = {"img_size": 32, "patch_size": 4, "in_chans": 3, "num_classes": 10, "embed_dim": 192, "depth": 6,
            "num_heads": 3}
@@ -46,7 +52,7 @@ class BenchOptions:
     models: tuple[str, ...] = ("vit_tiny_patch16_224", "vit_small_patch16_224")
     batches: tuple[int, ...] = (1, 8, 32)
     precisions: tuple[str, ...] = PRECISIONS
-    backends: tuple[str, ...] = ("eager", "compile")
+    backends: tuple[str, ...] = ("eager", "compile", "openvino", "runner")
     train_models: tuple[str, ...] = ("small32", "recipe:fashion-mnist")
     train_batch: int = 128
     train_precisions: tuple[str, ...] = TRAIN_PRECISIONS
@@ -118,7 +124,7 @@ def machine_info(device=None) -> dict[str, Any]:
             "capabilities": caps.to_dict(), "fast_paths": this_machine(dev_type).to_dict()}
     if device is not None and torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    for lib in ("timm", "onnxruntime"):
+    for lib in ("timm", "onnxruntime", "openvino"):
         try:
             info[lib] = __import__(lib).__version__
         except ImportError:
@@ -183,6 +189,35 @@ def infer_fn(model, x, precision: str, backend: str, onnx_stem: Path | None = No
             return _sync(model(x))
 
     return call
+
+
+def openvino_fn(model, x, precision: str) -> Callable[[], Any]:
+    """OpenVINO called directly on a (timm) model, as its documentation shows: convert_model from the module,
+    compile_model on the CPU with the precision hint, this run's torch thread count and the LATENCY hint, one
+    infer request reused. bf16 and bf16-autocast both ask OpenVINO for bf16."""
+    import numpy as np
+    import torch
+
+    from .export.openvino import INFERENCE_PRECISION, import_openvino, shared_core
+
+    ov = import_openvino()
+    with torch.no_grad():
+        graph = ov.convert_model(copy.deepcopy(model).eval().float(), example_input=x.float())
+    config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION["fp32" if precision == "fp32" else "bf16"],
+              "INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY"}
+    request = shared_core().compile_model(graph, "CPU", config).create_infer_request()
+    xn = np.ascontiguousarray(x.float().numpy())
+    return lambda: request.infer([xn])
+
+
+def runner_fn(model, x, precision: str) -> tuple[Callable[[], Any], str]:
+    """vitkit.runner(model, backend="auto") at this batch size and precision (bf16-autocast asks for bf16), and
+    what it picked ("backend/precision")."""
+    from .export.runner import runner
+
+    run = runner(copy.deepcopy(model).eval(), backend="auto", precision="fp32" if precision == "fp32" else "bf16",
+                 batch_size=x.shape[0])
+    return (lambda: run(x)), f"{run.backend}/{run.precision}"
 
 
 def train_fn(model, x, y, precision: str, backend: str, fused_adamw: bool) -> Callable[[], None]:
@@ -263,16 +298,43 @@ def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> lis
         x = torch.randn(batch, C, H, W, device=device)
         flops = gflop(vk, batch)
         for precision in opts.precisions:
-            fns, refs = {}, {}
+            fns, refs, picks = {}, {}, {}
             for backend in opts.backends:
-                if backend.startswith("onnx") and (precision != "fp32" or device.type != "cpu"):
-                    continue  # ONNX Runtime runs the fp32 graph on CPU (int8 is its own precision)
-                fns[("vitkit", backend)] = infer_fn(vk, x, precision, backend, onnx_stem)
+                if not _runs_here(backend, precision, device):
+                    continue
+                if backend == "openvino":
+                    fns[("openvino", "direct")] = openvino_fn(tm, x, precision)
+                    continue
+                if backend == "runner":
+                    fns[("vitkit", "runner")], picks[("vitkit", "runner")] = runner_fn(vk, x, precision)
+                else:
+                    fns[("vitkit", backend)] = infer_fn(vk, x, precision, backend, onnx_stem)
                 if backend in ("eager", "compile"):
                     fns[("timm", backend)] = infer_fn(tm, x, precision, backend, onnx_stem)
                 refs[("vitkit", backend)] = ("timm", backend if backend in ("eager", "compile") else "eager")
-            rows += _rows(name, "infer", batch, precision, fns, refs, flops, peaks, opts)
+            rows += _rows(name, "infer", batch, precision, fns, refs, flops, peaks, opts, picks)
     return rows
+
+
+def _runs_here(backend: str, precision: str, device) -> bool:
+    """ONNX Runtime runs the fp32 graph on CPU (int8 is its own precision); OpenVINO runs on CPU, bf16 only where
+    the CPU has it natively (elsewhere it is emulated and says nothing); the runner has no bf16-autocast of its own
+    (its bf16 is one row, under precision bf16)."""
+    if backend.startswith("onnx"):
+        return precision == "fp32" and device.type == "cpu"
+    if backend == "openvino":
+        from .hardware import detect
+
+        return device.type == "cpu" and _have("openvino") and (precision == "fp32" or detect().native_bf16)
+    if backend == "runner":
+        return device.type == "cpu" and precision != "bf16-autocast"
+    return True
+
+
+def _have(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def _dispatched(model, device):
@@ -304,8 +366,11 @@ def _train_rows(name, opts: BenchOptions, device, peaks) -> list[dict[str, Any]]
     return rows
 
 
-def _rows(model, task, batch, precision, fns, refs, flops, peaks, opts: BenchOptions) -> list[dict[str, Any]]:
+def _rows(model, task, batch, precision, fns, refs, flops, peaks, opts: BenchOptions,
+          picks: dict | None = None) -> list[dict[str, Any]]:
     times = paired_times(fns, opts.warmup, opts.repeats, opts.clock)
+    peers = [k for k in times if k[0] in PEERS]
+    best = min(peers, key=lambda k: statistics.median(times[k])) if peers else None
     out = []
     for (lib, backend), ts in times.items():
         sec = statistics.median(ts)
@@ -316,6 +381,9 @@ def _rows(model, task, batch, precision, fns, refs, flops, peaks, opts: BenchOpt
             "backend": backend, "library": lib, "img_per_s": batch / sec, "ms": 1e3 * sec,
             "gflops": flops / sec, "peak_frac": _peak_frac(flops / sec, dtype_peak, backend),
             "vs_timm": paired_ratio(times[ref], ts) if ref else None, "vs_timm_ref": "/".join(ref) if ref else None,
+            "vs_best_peer": paired_ratio(times[best], ts) if best and lib == "vitkit" else None,
+            "best_peer": "/".join(best) if best and lib == "vitkit" else None,
+            **({"picked": picks[(lib, backend)]} if picks and (lib, backend) in picks else {}),
         })
     return out
 
@@ -336,7 +404,7 @@ def markdown(report: dict[str, Any]) -> str:
     opts = " ".join(f"{k}={v}" for k, v in report["options"].items())
     lines = [f"Command: `{report['command']}`  ", f"Options: {opts}  ", f"Date: {report['date']}  ",
              (f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads), "
-              f"timm {m.get('timm', '-')}, onnxruntime {m.get('onnxruntime', '-')}"
+              f"timm {m.get('timm', '-')}, onnxruntime {m.get('onnxruntime', '-')}, openvino {m.get('openvino', '-')}"
               + (f", GPU {m['gpu']}" if "gpu" in m else "") + "  "),
              *([f"CPU kind: {m['cpu_kind']} ({', '.join(m['isa']) or 'no AVX2'}); fast paths on: "
                 f"{', '.join(k for k, v in m['fast_paths']['paths'].items() if v['on']) or 'none'}  "]
@@ -344,13 +412,16 @@ def markdown(report: dict[str, Any]) -> str:
              f"Clock: {report['clock']}; warm-up {report['warmup']}, median of {report['repeats']} round-robin repeats  ",
              "Matmul rates (square, the best per dtype is the '% peak' reference): "
              + ", ".join(f"{k} {v:.3g} GFLOP/s" for k, v in report["matmul_gflops"].items()),
-             "", "| model | task | batch | precision | backend | library | img/s | GFLOP/s | % peak | vs timm |",
-             "|---|---|---:|---|---|---|---:|---:|---:|---|"]
+             "", "| model | task | batch | precision | backend | library | img/s | GFLOP/s | % peak | vs timm | "
+             "vs best peer |",
+             "|---|---|---:|---|---|---|---:|---:|---:|---|---|"]
     for r in report["rows"]:
         peak = "-" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%"
         ratio = "-" if r["vs_timm"] is None else f"{r['vs_timm']:.2f}x ({r['vs_timm_ref']})"
-        lines.append(f"| {r['model']} | {r['task']} | {r['batch']} | {r['precision']} | {r['backend']} | "
-                     f"{r['library']} | {r['img_per_s']:.1f} | {r['gflops']:.0f} | {peak} | {ratio} |")
+        best = "-" if r.get("vs_best_peer") is None else f"{r['vs_best_peer']:.2f}x ({r['best_peer']})"
+        backend = r["backend"] + (f" ({r['picked']})" if r.get("picked") else "")
+        lines.append(f"| {r['model']} | {r['task']} | {r['batch']} | {r['precision']} | {backend} | "
+                     f"{r['library']} | {r['img_per_s']:.1f} | {r['gflops']:.0f} | {peak} | {ratio} | {best} |")
     lines += ["", report["notes"], ""]
     return "\n".join(lines)
 

@@ -144,10 +144,13 @@ def render_latency(report: dict[str, Any]) -> None:
 
 
 def render(report: dict[str, Any]) -> None:
-    cols = ["model", "task", "B", "prec", "backend", "lib", "img/s", "GFLOP/s", "peak", "vs timm"]
-    rows = [(r["model"], r["task"], r["batch"], r["precision"], r["backend"], r["library"], f"{r['img_per_s']:.1f}",
+    cols = ["model", "task", "B", "prec", "backend", "lib", "img/s", "GFLOP/s", "peak", "vs timm", "vs best peer"]
+    rows = [(r["model"], r["task"], r["batch"], r["precision"],
+             r["backend"] + (f" ({r['picked']})" if r.get("picked") else ""), r["library"], f"{r['img_per_s']:.1f}",
              f"{r['gflops']:.0f}", "-" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%",
-             "-" if r["vs_timm"] is None else f"{r['vs_timm']:.2f}x") for r in report["rows"]]
+             "-" if r["vs_timm"] is None else f"{r['vs_timm']:.2f}x",
+             "-" if r.get("vs_best_peer") is None else f"{r['vs_best_peer']:.2f}x ({r['best_peer']})")
+            for r in report["rows"]]
     m = report["machine"]
     where = m.get("gpu") or f"{m['cpu']} ({m['threads']} threads)"
     print_table(f"vitkit vs timm on {where}, torch {m['torch']}", cols, rows)

@@ -222,10 +222,17 @@ class OpenVinoRunner(InferenceOnly):
         self.output = meta.get("output", "logits")
         self.num_features = int(meta.get("num_features") or 0)
         self.num_classes = getattr(self.cfg, "num_classes", None) or self.compiled.outputs[0].partial_shape[-1].get_length()
+        # [C, H, W] of one image: OpenVINO itself answered a batch of the wrong channel count with an empty output
+        self.image_shape = tuple(d.get_length() if d.is_static else None
+                                 for d in self.compiled.inputs[0].partial_shape[1:])
 
     def __call__(self, images):
         as_tensor = isinstance(images, torch.Tensor)
         x = images.detach().float().cpu().numpy() if as_tensor else np.asarray(images, dtype=np.float32)
+        if x.ndim != 4 or any(want is not None and got != want for got, want in zip(x.shape[1:], self.image_shape)):
+            want = ", ".join("?" if d is None else str(d) for d in self.image_shape)
+            raise ConfigError(f"{self.path}: this OpenVINO model takes batches [B, {want}], got "
+                              f"{list(x.shape)}: preprocess the images as its vitkit.json says")
         out = np.array(self.request.infer([x])[0], copy=True)  # the request reuses its output buffer
         return torch.from_numpy(out) if as_tensor else out
 
