@@ -25,6 +25,7 @@ import platform
 import statistics
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,7 +202,8 @@ def openvino_fn(model, x, precision: str) -> Callable[[], Any]:
     from .export.openvino import INFERENCE_PRECISION, import_openvino, shared_core
 
     ov = import_openvino()
-    with torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the tracer's deprecation and shape-check warnings, pages of them
         graph = ov.convert_model(copy.deepcopy(model).eval().float(), example_input=x.float())
     config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION["fp32" if precision == "fp32" else "bf16"],
               "INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY"}
