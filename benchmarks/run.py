@@ -3,7 +3,7 @@
 Writes benchmarks/results/cpu-<part>.{md,json}; BENCHMARKS.md quotes those files. Each file records the CPU
 kind, its instruction sets and the fast paths vitkit took (vitkit.hardware; `vitkit doctor` explains them), so
 results from different machine kinds can be told apart. The standard profile
-takes about 15 minutes on the project's 2-core machines (run it idle); `--full` adds batch 32, the
+takes about 30 minutes on the project's 2-core machines (run it idle; the peers part alone 15); `--full` adds batch 32, the
 remaining backends and compile cases (1-2 hours). Extra arguments go to every `vitkit bench` call,
 e.g. `--quick` for a smoke run.
 """
@@ -26,6 +26,9 @@ STANDARD = {
                    "--backends", "eager", "--train-models"],
     "compile": ["--models", "vit_tiny_patch16_224", "--batches", "8", "--precisions", "fp32", "bf16",
                 "--backends", "compile", "--train-models"],
+    # the runtimes a user would pick instead (timm + compile, OpenVINO called directly) and vitkit's auto runner
+    "peers": ["--models", "vit_small_patch16_224", "vit_base_patch16_224", "--batches", "1", "8",
+              "--precisions", "fp32", "bf16", "--backends", "eager", "compile", "openvino", "runner", "--train-models"],
     # training steps: the small models (overhead-bound) and ViT-S/16 (compute-bound)
     "train-small": ["--models", "--train-models", "small32", "recipe:fashion-mnist", "--train-batch", "128",
                     "--train-precisions", "fp32", "bf16-autocast"],
