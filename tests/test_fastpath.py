@@ -260,3 +260,34 @@ def test_onednn_linear_equals_f_linear_with_gradients():
         with FlopCounterMode(display=False) as counter:
             lin(x)  # under a dispatch mode: the plain op, so FLOP counters see it
     assert counter.get_total_flops() == 2 * 2 * 197 * 192 * 576
+
+
+def test_training_attention_switch_applies_under_grad_only_and_gives_the_same_gradients(monkeypatch):
+    """`matmul_attention_training` (decided apart from inference: SDPA's CPU flash backward in bf16 measured 12x
+    its fp32 time) picks the matmul form under grad only; forward and gradients match SDPA's."""
+    from vitkit.layers.attention import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(64, 4)
+    attn.matmul_attention_training = True
+    x = torch.randn(2, 10, 64)
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+
+    def grads(bf16: bool):
+        attn.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            out = attn(x)
+        out.float().square().sum().backward()
+        return out.float(), [p.grad.clone() for p in attn.parameters()]
+
+    out, g = grads(True)  # bf16 under grad: the matmul form
+    assert calls == []
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        attn(x)  # inference follows `matmul_attention` (off): SDPA
+    assert calls == [1]
+    attn.matmul_attention_training = False
+    ref_out, ref_g = grads(True)
+    assert len(calls) == 2
+    assert _cos(out, ref_out) > 0.999 and all(_cos(a, b) > 0.99 for a, b in zip(g, ref_g))

@@ -31,21 +31,26 @@ ZEN4 = Capabilities(cpu="AMD EPYC 9454", vendor="AuthenticAMD", avx2=True, avx51
 ZEN3 = Capabilities(cpu="AMD EPYC 7763", vendor="AuthenticAMD", avx2=True)
 SAPPHIRE_RAPIDS = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True, avx512_bf16=True, amx=True)
 SKYLAKE_SP = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True)
-PATHS = ("bf16", "onednn_linear", "matmul_attention", "native_encoder", "onnx_runtime")
+PATHS = ("bf16", "bf16_training", "onednn_linear", "matmul_attention", "matmul_attention_training", "native_encoder",
+         "onnx_runtime")
 
 
 def _on(d) -> dict[str, bool]:
     return {p: getattr(d, p) for p in PATHS}
 
 
+def _paths(bf16: bool, onednn: bool) -> dict[str, bool]:
+    """The flag rules: the bf16 paths go together (native bf16), oneDNN's linear apart, ONNX Runtime never."""
+    return dict(bf16=bf16, bf16_training=bf16, onednn_linear=onednn, matmul_attention=bf16,
+                matmul_attention_training=bf16, native_encoder=bf16, onnx_runtime=False)
+
+
 @pytest.mark.parametrize("caps, expected", [
-    (ZEN4, dict(bf16=True, onednn_linear=True, matmul_attention=True, native_encoder=True, onnx_runtime=False)),
-    (ZEN3, dict(bf16=False, onednn_linear=False, matmul_attention=False, native_encoder=False, onnx_runtime=False)),
+    (ZEN4, _paths(bf16=True, onednn=True)),
+    (ZEN3, _paths(bf16=False, onednn=False)),
     # Intel's MKL runs AVX-512 itself: oneDNN's linear is not measured to win there
-    (SAPPHIRE_RAPIDS, dict(bf16=True, onednn_linear=False, matmul_attention=True, native_encoder=True,
-                           onnx_runtime=False)),
-    (SKYLAKE_SP, dict(bf16=False, onednn_linear=False, matmul_attention=False, native_encoder=False,
-                      onnx_runtime=False)),
+    (SAPPHIRE_RAPIDS, _paths(bf16=True, onednn=False)),
+    (SKYLAKE_SP, _paths(bf16=False, onednn=False)),
     (Capabilities(arch="aarch64"), dict.fromkeys(PATHS, False)),
 ], ids=["zen4", "zen3", "sapphire-rapids", "skylake-sp", "arm"])
 def test_cpu_rules(caps, expected):
@@ -59,7 +64,7 @@ def test_rules_name_their_evidence():
     assert "0.88-0.89x" in decide(ZEN3).why["onednn_linear"]  # Zen 3's measured loss
     assert "1.4-1.8x" in decide(ZEN4).why["onednn_linear"]
     assert "not measured" in decide(SKYLAKE_SP).why["onednn_linear"]
-    assert "306 fp32" in decide(ZEN3).why["bf16"]
+    assert "306 fp32" in decide(ZEN3).why["bf16_training"]
     assert "AMX" in decide(SAPPHIRE_RAPIDS).why["bf16"]
 
 
@@ -208,7 +213,7 @@ def test_bench_result_records_the_machine_kind(tmp_path):
 
 def test_train_prints_and_records_the_precision(tmp_path, monkeypatch, capsys):
     args = ["train", "--epochs", "1", "--set", "steps_per_epoch=1", "--set", "bf16=true", "--set", "ema=false"]
-    monkeypatch.setenv("VITKIT_FAST_PATHS", "bf16=off")  # as on a CPU without native bf16
+    monkeypatch.setenv("VITKIT_FAST_PATHS", "bf16_training=off")  # as on a CPU where bf16 training loses
     assert cli([*args, "--out", str(tmp_path / "auto")]) == 0
     err = capsys.readouterr().err
     assert "precision fp32, 1 torch thread per process" in err and "the recipe asks for bf16; training in fp32" in err

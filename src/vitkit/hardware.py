@@ -14,9 +14,13 @@ Measured machine kinds (2 cores each, torch 2.14.1, vitkit against timm side by 
 | AVX2 only | AMD EPYC Zen 3 | oneDNN lost (0.88-0.89x) | emulated: 3-7x slower than fp32 | issue 10's table |
 
 Rules (a decision's `why` says which one applied):
-  bf16              bf16 autocast by default only with native bf16: AVX512_BF16 or AMX on a CPU, compute
-                    capability >= 8.0 on CUDA. Zen 4: the fashion-mnist model's training step 1841 img/s
-                    bf16 vs 878 fp32; Zen 3: the recipe's first 40 steps < 43 img/s bf16 vs 306 fp32.
+  bf16              bf16 for inference that asks for the fast precision only with native bf16: AVX512_BF16 or
+                    AMX on a CPU, compute capability >= 8.0 on CUDA.
+  bf16_training     bf16 autocast for training by default: the same rule as bf16 (Zen 4: the fashion-mnist
+                    model's training step 1841 img/s bf16 vs 878 fp32; Zen 3: the recipe's first 40 steps
+                    < 43 img/s bf16 vs 306 fp32). Measured apart from inference because they disagree: on a
+                    2-core Xeon with AMX, bf16 linears ran 2.8x fp32 while the fashion-mnist training step ran
+                    at half the fp32 speed in bf16 autocast (216 vs 436 img/s, `vitkit bench`).
   onednn_linear     fp32 nn.Linear through oneDNN instead of MKL sgemm: on AMD CPUs with AVX-512, where MKL
                     takes its AVX2 path (Zen 4: ViT-Ti/S inference 1.4-1.8x, 32px training 1.42x timm). Off
                     on AVX2-only CPUs (Zen 3: 0.88x / 0.89x timm in fp32, where this linear is the main
@@ -25,6 +29,11 @@ Rules (a decision's `why` says which one applied):
   matmul_attention  bf16 attention as two matmuls + softmax instead of SDPA's flash kernel (CPU, <= 1024
                     tokens): with native bf16 only (Zen 4: 2-5x faster); Zen 3 ran bf16 autocast at 0.64x
                     timm, which uses SDPA.
+  matmul_attention_training
+                    the same for training (forward and backward, under grad): the same rule; measured apart
+                    because SDPA's CPU flash backward in bf16 is the slow part there (a 2-core Xeon with AMX:
+                    113 ms a call vs 9 ms in fp32 for the fashion-mnist model), while its forward is fine
+                    (the matmul form measured 0.80x it for inference on the same machine).
   native_encoder    torch's fused encoder-layer kernel for bf16 inference: with native bf16 only (Zen 4:
                     1.07x); not measured elsewhere.
   onnx_runtime      ONNX Runtime (fp32) instead of eager for inference: not chosen on Zen 4, where bf16 eager
@@ -33,8 +42,9 @@ Rules (a decision's `why` says which one applied):
 
 Decided by measurement (issue 22: two Zen 4 machines with the same flags differed 2x in oneDNN throughput,
 so no rule of the flags can hold everywhere): the first command that needs a decision times each measurable
-path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, bf16
-attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path; ViT-S shapes, a few
+path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, a training
+step of an encoder layer in bf16 autocast vs fp32, bf16 attention matmul + softmax vs SDPA, bf16 encoder layer
+fused kernel vs module path; ViT-S shapes (training: also the fashion-mnist model's), a few
 seconds, said in one line) and caches the ratios per machine fingerprint (`machine_key`: CPU model, flags,
 cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in $VITKIT_CACHE/fast-paths.json (default
 ~/.cache/vitkit); later processes read it, `vitkit doctor --measure` refreshes it ($VITKIT_MEASURE_ROUNDS: rounds
@@ -66,8 +76,11 @@ import torch
 from .errors import ConfigError
 from .timing import paired_ratio, paired_times
 
-DECISIONS = ("bf16", "onednn_linear", "matmul_attention", "native_encoder", "onnx_runtime")
-MEASURABLE = ("bf16", "onednn_linear", "matmul_attention", "native_encoder")  # what `measure` times (CPU)
+DECISIONS = ("bf16", "bf16_training", "onednn_linear", "matmul_attention", "matmul_attention_training",
+             "native_encoder", "onnx_runtime")
+# what `measure` times (CPU)
+MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "matmul_attention", "matmul_attention_training",
+              "native_encoder")
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
 ENV_MEASURE = "VITKIT_MEASURE"  # 0: no measuring; the flag rules decide (CI and the tests set it)
@@ -214,9 +227,11 @@ class Decisions:
     """Which fast paths are on for one device, and why (one line per decision)."""
 
     device: str  # "cpu" or "cuda"
-    bf16: bool  # bf16 autocast by default (training, and inference that asks for the fast precision)
+    bf16: bool  # bf16 for inference that asks for the fast precision
+    bf16_training: bool  # bf16 autocast for training by default
     onednn_linear: bool
-    matmul_attention: bool
+    matmul_attention: bool  # inference (no grad)
+    matmul_attention_training: bool  # under grad (training: forward and backward)
     native_encoder: bool
     onnx_runtime: bool
     why: dict[str, str] = field(default_factory=dict, compare=False)
@@ -286,9 +301,11 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
         raise ConfigError(f"device must be cpu or cuda, got {device!r}")
     rules = {
         "bf16": _bf16_rule(caps, device),
+        "bf16_training": _bf16_rule(caps, device),
         "onednn_linear": _onednn_rule(caps, device),
         "matmul_attention": _native_bf16_rule("2-5x faster than SDPA's flash kernel; Zen 3 with it: 0.64x timm",
                                               caps, device),
+        "matmul_attention_training": _native_bf16_rule("2-5x faster than SDPA's flash kernel", caps, device),
         "native_encoder": _native_bf16_rule("1.07x the module path", caps, device),
         "onnx_runtime": _onnx_rule(caps, device),
     }
@@ -405,7 +422,16 @@ def cached_measurement(caps: Capabilities) -> dict | None:
         found = json.loads(cache_file().read_text()).get(machine_key(caps))
     except (OSError, ValueError, AttributeError):
         return None
-    return found if isinstance(found, dict) and isinstance(found.get("ratios"), dict) else None
+    if not (isinstance(found, dict) and isinstance(found.get("ratios"), dict)):
+        return None
+    # a measurement from before a path was measurable is measured again, rather than deciding it by the rule
+    return found if all(name in found["ratios"] for name in _measured_here()) else None
+
+
+def _measured_here() -> tuple[str, ...]:
+    """The MEASURABLE paths `measure` can time with this torch build (oneDNN's linear needs oneDNN)."""
+    onednn = hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
+    return tuple(n for n in MEASURABLE if n != "onednn_linear" or onednn)
 
 
 def _paired_median(a, b, rounds: int) -> float:
@@ -422,6 +448,45 @@ def _slow_encoder_layer(layer, x):
         return layer(x)
     finally:
         torch.backends.mha.set_fastpath_enabled(True)
+
+
+def _attention(q, k, v, matmul: bool):
+    """[B, H, N, Dh] -> [B, H, N, Dh]: SDPA (timm's path) or two matmuls + softmax."""
+    if matmul:
+        return ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(-1) @ v
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+class _TrainingBlock(torch.nn.Module):
+    """A pre-norm ViT block from torch ops (the layers' own code lives above this module), to time a training
+    step: LayerNorm, qkv, attention as chosen, projection, GELU MLP."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.fc1, self.fc2 = torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x, matmul: bool):
+        B, N, D = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.proj(_attention(q, k, v, matmul).transpose(1, 2).reshape(B, N, D))  # [B, N, D]
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+def _training_step(block, x, bf16: bool, matmul: bool = False):
+    """One forward + backward of the block (bf16 autocast or fp32); gradients accumulate, which costs the same
+    every call."""
+    def step():
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            out = block(x, matmul)
+        out.float().sum().backward()
+    return step
+
+
+# training shapes [B, N, D, heads]: the fashion-mnist recipe's model at its batch, and ViT-S/16 at batch 8
+TRAINING_SHAPES = ((128, 50, 192, 3), (8, 197, 384, 6))
 
 
 def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int = 6) -> dict:
@@ -454,6 +519,20 @@ def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int 
 
         ratios["matmul_attention"] = _paired_median(
             lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), matmul_attention, rounds)
+    # training, at each shape: bf16 attention under grad (SDPA vs matmul form), then the whole block in bf16 autocast
+    # (with the faster attention) against fp32 (SDPA). Each must win at every shape to be the default: the shape
+    # where it loses would be someone's run
+    matmul, training = [], []
+    for b, n, d, h in TRAINING_SHAPES:
+        block = _TrainingBlock(d, h).train()
+        xt = torch.randn(b, n, d, generator=g)  # [B, N, D]
+        few = max(3, rounds // 3)
+        matmul.append(_paired_median(_training_step(block, xt, True, False), _training_step(block, xt, True, True),
+                                     few))
+        training.append(_paired_median(_training_step(block, xt, False),
+                                       _training_step(block, xt, True, matmul[-1] >= MEASURED_WIN), few))
+    ratios["matmul_attention_training"] = min(matmul)
+    ratios["bf16_training"] = min(training)
     return {"ratios": ratios, "date": datetime.date.today().isoformat(),
             "shapes": {"tokens": tokens, "dim": dim, "heads": heads}, "rounds": rounds,
             "seconds": round(time.perf_counter() - t0, 2)}
@@ -482,21 +561,22 @@ def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tup
     if asked not in ("auto", "bf16", "fp32"):
         raise ConfigError(f"precision must be auto, bf16 or fp32, got {asked!r}")
     if asked != "auto":
-        if asked == "bf16" and not decisions.bf16:
-            return "bf16", f"note: bf16 forced although {decisions.why['bf16']}"
+        if asked == "bf16" and not decisions.bf16_training:
+            return "bf16", f"note: bf16 forced although {decisions.why['bf16_training']}"
         return asked, None
-    if recipe_bf16 and not decisions.bf16:
-        return "fp32", (f"note: the recipe asks for bf16; training in fp32 instead: {decisions.why['bf16']} "
+    if recipe_bf16 and not decisions.bf16_training:
+        return "fp32", (f"note: the recipe asks for bf16; training in fp32 instead: {decisions.why['bf16_training']} "
                         "(--precision bf16 forces it)")
     return ("bf16" if recipe_bf16 else "fp32"), None
 
 
 def apply_fast_paths(model: torch.nn.Module, decisions: Decisions) -> dict[str, int]:
     """Set each module's fast-path switch to the decision, where the module has that switch:
-    `native_fastpath` (encoder blocks), `matmul_attention` (attention), `onednn` (linear layers).
+    `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`
+    (linear layers).
     Returns how many modules each switch was set on."""
     switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
-                "onednn": decisions.onednn_linear}
+                "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear}
     counts = dict.fromkeys(switches, 0)
     for module in model.modules():
         for attr, on in switches.items():

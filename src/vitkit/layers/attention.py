@@ -35,6 +35,7 @@ class Attention(nn.Module):
     # the matmul form where `sdpa_is_slower` says so, once `vitkit.hardware` turns it on for this machine (off:
     # timm's path)
     matmul_attention: bool = False
+    matmul_attention_training: bool = False  # the same under grad (training), decided apart: hardware.py
 
     def __init__(
         self,
@@ -118,7 +119,8 @@ class Attention(nn.Module):
         `bias` is a mask (False: that logit is -inf), as SDPA reads one."""
         B, H, N, Dh = q.shape
         attn = None
-        fused = self.fused and not return_attn and not (self.matmul_attention and sdpa_is_slower(q))
+        matmul = self.matmul_attention_training if torch.is_grad_enabled() else self.matmul_attention
+        fused = self.fused and not return_attn and not (matmul and sdpa_is_slower(q))
         if fused and (bias is None or bias_in_sdpa):
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
                                                dropout_p=self.attn_drop.p if self.training else 0.0)
