@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
-from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
+from _results import write_results  # benchmarks/_results.py, beside this script
 
 from vitkit.api import create_model
 from vitkit.hardware import detect
 from vitkit.layers.naflex import grid_for_budget, image_patches, pad_patches
 from vitkit.timing import CLOCKS, paired_ratio, paired_times
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # width / height of the mixed batch's images (photos, phone portraits, panoramas)
 ASPECTS = (1.0, 4 / 3, 3 / 4, 16 / 9, 9 / 16, 3 / 2, 2.0, 0.5)
@@ -109,22 +106,13 @@ def main() -> int:
     command = (f"python benchmarks/naflex_padding.py --model {args.model} --max-tokens {args.max_tokens} "
                f"--batch {args.batch} --dtypes {','.join(dtypes)} --warmup {args.warmup} --repeats {args.repeats} "
                f"--clock {args.clock}" + (f" --threads {args.threads}" if args.threads else ""))
-    machine = dict(cpu=caps.cpu, cores=caps.cores, threads=torch.get_num_threads(), native_bf16=caps.native_bf16,
-                   torch=torch.__version__, python=platform.python_version())
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"Command: `{command}` ({date}; {machine['cpu']}, {machine['cores']} cores, "
-             f"{machine['threads']} threads, torch {machine['torch']})", "",
-             f"| model | dtype | input | valid patches | padded | ms / batch ({args.clock}) | speed vs square (paired, > 1 faster) | "
+    lines = [f"| model | dtype | input | valid patches | padded | ms / batch ({args.clock}) | speed vs square (paired, > 1 faster) | "
              "ms / 1,000 valid patches |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['dtype']} | {r['input']} | {r['valid_patches']} | {100 * r['padded_fraction']:.1f}% | "
               f"{1000 * r['seconds_per_batch']:.1f} | {r['ratio_vs_square']:.2f}x | {r['ms_per_1000_valid']:.2f} |"
               for r in rows]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "naflex-padding.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "naflex-padding.json").write_text(json.dumps({"command": command, "date": date, "machine": machine,
-                                                            "rows": rows}, indent=2) + "\n")
-    print("\n".join(lines))
+    print(write_results("naflex-padding", command, caps, lines, rows), end="")
     return 0
 
 

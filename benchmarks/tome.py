@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
-from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
+from _results import write_results  # benchmarks/_results.py, beside this script
 
 from vitkit.api import create_model
 from vitkit.hardware import detect
 from vitkit.timing import CLOCKS, paired_ratio, paired_times
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -84,22 +81,13 @@ def main() -> int:
                                     args.repeats, args.clock)
                + (f" --threads {args.threads}" if args.threads else "")
                + (f" --out {args.out}" if args.out != "tome" else ""))
-    machine = dict(cpu=caps.cpu, cores=caps.cores, threads=torch.get_num_threads(), native_bf16=caps.native_bf16,
-                   torch=torch.__version__, python=platform.python_version())
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"Command: `{command}` ({date}; {machine['cpu']}, {machine['cores']} cores, "
-             f"{machine['threads']} threads, torch {machine['torch']})", "",
-             f"| model | batch | dtype | R | tokens after the last block | ms / batch ({args.clock}) | img/s | "
+    lines = [f"| model | batch | dtype | R | tokens after the last block | ms / batch ({args.clock}) | img/s | "
              "speed-up vs R=0 (paired) |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['batch']} | {r['dtype']} | {r['merge']} | {r['final_tokens']} | "
               f"{1000 * r['seconds_per_batch']:.0f} | {r['images_per_s']:.1f} | {r['speedup_vs_r0']:.2f}x |"
               for r in rows]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "date": date, "machine": machine,
-                                                   "rows": rows}, indent=2) + "\n")
-    print("\n".join(lines))
+    print(write_results(args.out, command, caps, lines, rows), end="")
     return 0
 
 
