@@ -406,7 +406,8 @@ def markdown(report: dict[str, Any]) -> str:
     opts = " ".join(f"{k}={v}" for k, v in report["options"].items())
     lines = [f"Command: `{report['command']}`  ", f"Options: {opts}  ", f"Date: {report['date']}  ",
              (f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads), "
-              f"timm {m.get('timm', '-')}, onnxruntime {m.get('onnxruntime', '-')}, openvino {m.get('openvino', '-')}"
+              f"timm {m.get('timm', '-')}, onnxruntime {m.get('onnxruntime', '-')}, "
+              f"openvino {m.get('openvino', '-')}"
               + (f", GPU {m['gpu']}" if "gpu" in m else "") + "  "),
              *([f"CPU kind: {m['cpu_kind']} ({', '.join(m['isa']) or 'no AVX2'}); fast paths on: "
                 f"{', '.join(k for k, v in m['fast_paths']['paths'].items() if v['on']) or 'none'}  "]

@@ -42,9 +42,10 @@ Rules (a decision's `why` says which one applied):
 
 Decided by measurement (issue 22: two Zen 4 machines with the same flags differed 2x in oneDNN throughput,
 so no rule of the flags can hold everywhere): the first command that needs a decision times each measurable
-path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, a training
-step of an encoder layer in bf16 autocast vs fp32, bf16 attention matmul + softmax vs SDPA, bf16 encoder layer
-fused kernel vs module path; ViT-S shapes (training: also the fashion-mnist model's), a few
+path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, bf16
+attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a training step of a
+pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, and the block in bf16 autocast vs fp32;
+ViT-S shapes (training: also the fashion-mnist model's), a few
 seconds, said in one line) and caches the ratios per machine fingerprint (`machine_key`: CPU model, flags,
 cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in $VITKIT_CACHE/fast-paths.json (default
 ~/.cache/vitkit); later processes read it, `vitkit doctor --measure` refreshes it ($VITKIT_MEASURE_ROUNDS: rounds
@@ -458,8 +459,8 @@ def _attention(q, k, v, matmul: bool):
 
 
 class _TrainingBlock(torch.nn.Module):
-    """A pre-norm ViT block from torch ops (the layers' own code lives above this module), to time a training
-    step: LayerNorm, qkv, attention as chosen, projection, GELU MLP."""
+    """A pre-norm ViT block from torch ops, to time a training step: LayerNorm, qkv, attention as chosen,
+    projection, GELU MLP. Not layers/block.py's Block: this module sits below the layers and may not import them."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -514,12 +515,8 @@ def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int 
         ratios["native_encoder"] = _paired_median(lambda: _slow_encoder_layer(layer, xe), lambda: layer(xe),
                                                   max(3, rounds // 2))
         q, k, v = (torch.randn(tokens // 197, heads, 197, dim // heads, generator=g).bfloat16() for _ in range(3))
-
-        def matmul_attention():
-            return ((q * (dim // heads) ** -0.5) @ k.transpose(-2, -1)).softmax(-1) @ v  # [B, H, N, Dh]
-
-        ratios["matmul_attention"] = _paired_median(
-            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), matmul_attention, rounds)
+        ratios["matmul_attention"] = _paired_median(lambda: _attention(q, k, v, False),
+                                                    lambda: _attention(q, k, v, True), rounds)
     # training, at each shape: bf16 attention under grad (SDPA vs matmul form), then the whole block in bf16 autocast
     # (with the faster attention) against fp32 (SDPA). Each must win at every shape to be the default: the shape
     # where it loses would be someone's run

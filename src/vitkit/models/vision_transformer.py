@@ -523,7 +523,8 @@ class VisionTransformer(nn.Module):
     def _forward_patch_batch(self, batch: PatchBatch, return_attn: bool, return_sizes: bool):
         """forward_features for a PatchBatch: every block attends over each image's own tokens only."""
         x = self.embed_patches(batch)
-        mask = key_padding_mask(batch.token_mask(self.num_prefix_tokens).to(x.device))  # [B, 1, 1, T], None without padding
+        # [B, 1, 1, T], or None where nothing is padding
+        mask = key_padding_mask(batch.token_mask(self.num_prefix_tokens).to(x.device))
         attns = []
         for blk in self.blocks:
             if return_attn:
