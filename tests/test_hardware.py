@@ -285,6 +285,7 @@ def test_doctor_measure_caches_per_machine(tmp_path, monkeypatch, capsys):
     from vitkit import hardware
 
     monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
+    monkeypatch.setenv("VITKIT_MEASURE_ROUNDS", "3")  # what is cached where, not the ratios: 3 rounds, not 15
     assert hardware.cached_measurement(detect()) is None
     (tmp_path / "fast-paths.json").write_text("not json")  # an unreadable cache is no cache, and is replaced
     assert hardware.cached_measurement(detect()) is None
@@ -294,6 +295,7 @@ def test_doctor_measure_caches_per_machine(tmp_path, monkeypatch, capsys):
     assert list(cache) == [hardware.machine_key(detect())]
     ratios = cache[hardware.machine_key(detect())]["ratios"]
     assert set(ratios) <= set(hardware.MEASURABLE) and all(r > 0 for r in ratios.values())
+    assert cache[hardware.machine_key(detect())]["rounds"] == 3
     assert out["measured"] == cache[hardware.machine_key(detect())]
 
 

@@ -27,11 +27,16 @@ def _run(cache_dir, measure: str = "1", **env) -> subprocess.CompletedProcess:
 
 
 def test_measured_once_said_once_cached_and_read_back(tmp_path):
+    # another machine's entry (another fingerprint) is in the cache already: not this machine's, so measured
+    # here, and kept beside this machine's
+    other = {"ratios": {"bf16": 9.0}, "rounds": 3, "seconds": 1.0, "date": "2026-01-01", "shapes": {}}
+    (tmp_path / "fast-paths.json").write_text(json.dumps({"another machine": other}))
     first = _run(tmp_path)
     assert first.returncode == 0, first.stderr
     lines = first.stderr.strip().splitlines()
     assert len(lines) == 1 and "timing this machine's fast paths once" in lines[0] and str(tmp_path) in lines[0]
     cache = json.loads((tmp_path / "fast-paths.json").read_text())
+    assert cache.pop("another machine") == other
     (key, entry), = cache.items()
     assert set(entry["ratios"]) >= {"bf16", "matmul_attention", "native_encoder"}
     assert all(r > 0 for r in entry["ratios"].values()) and entry["seconds"] < 60 and entry["rounds"] == 3
@@ -41,9 +46,6 @@ def test_measured_once_said_once_cached_and_read_back(tmp_path):
         assert decided[name] == (r >= MEASURED_WIN), (name, r)
     second = _run(tmp_path)
     assert second.returncode == 0 and second.stderr.strip() == "" and json.loads(second.stdout) == decided
-    # another fingerprint (other threads) is another entry: measured again
-    third = _run(tmp_path, OMP_NUM_THREADS="1")
-    assert "timing this machine" in third.stderr
     assert len(json.loads((tmp_path / "fast-paths.json").read_text())) == 2
 
 

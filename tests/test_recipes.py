@@ -108,3 +108,20 @@ def test_digits_preset_selects_on_a_validation_split_and_reports_test(tmp_path, 
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["data"]["val"] == len(cfg["data"]["split_indices"]["val_from_train"]) > 0
     assert cfg["data"]["test"] == 359 and cfg["data"]["train"] + cfg["data"]["val"] == 1797 - 359
+
+
+def test_the_fashion_mnist_presets_are_budget_recipes_and_epochs_given_make_a_fixed_run():
+    budgets = {name: PRESETS[name].time_budget_s for name in ("fashion-mnist", "fashion-mnist-conv",
+               "fashion-mnist-resnet18", "fashion-mnist-mae", "fashion-mnist-conv-mae", "fashion-mnist-dino",
+               "fashion-mnist-finetune")}
+    assert budgets == {"fashion-mnist": 900, "fashion-mnist-conv": 900, "fashion-mnist-resnet18": 900,
+                       "fashion-mnist-mae": 300, "fashion-mnist-conv-mae": 300, "fashion-mnist-dino": 600,
+                       "fashion-mnist-finetune": 420}
+    for name, budget in budgets.items():  # the text states the budget it runs on
+        assert f"time_budget_s={budget:g}" in PRESETS[name].expected, name
+    # epochs given without a budget (Python, --set, a teacher's task.teacher_set) is a fixed run
+    assert PRESETS["fashion-mnist"].replace(epochs=2).time_budget_s == 0
+    assert PRESETS["fashion-mnist"].override(["epochs=2"]).time_budget_s == 0
+    assert PRESETS["fashion-mnist"].override(["epochs=2", "time_budget_s=60"]).time_budget_s == 60
+    assert PRESETS["fashion-mnist"].replace(lr=1e-3).time_budget_s == 900  # anything else keeps the budget
+    assert PRESETS["digits"].time_budget_s == 0  # the demo's recipe stays a fixed 40 epochs

@@ -29,7 +29,7 @@ _RUNS.set_forkserver_preload(["torch", "sklearn.datasets", "vitkit.cli.train", "
                               "vitkit.training.trainer"])
 
 EPOCHS = 10
-KILLS = 12  # plus 30 in the checkpoint-writer test below
+KILLS = 8  # plus 30 in the checkpoint-writer test below
 RESUME = ["train", "--resume", "--quiet"]  # a resumed run takes everything else from its folder
 TRAIN = ["train", "--recipe", "digits", "--epochs", str(EPOCHS), "--batch-size", "32", "--seed", "0",
          "--set", "train_subset=128", "--set", "threads=1", "--set", "warmup_epochs=1", "--quiet"]
