@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from vitkit import hardware
 from vitkit.errors import ConfigError
@@ -101,3 +102,21 @@ def test_rounds_default_to_fifteen_and_a_bad_count_is_one_line(monkeypatch):
         with pytest.raises(ConfigError, match="VITKIT_MEASURE_ROUNDS") as e:
             measure_rounds()
         assert "\n" not in str(e.value)
+
+
+def test_measured_on_the_cpu_under_a_meta_default_device(monkeypatch):
+    """`vitkit bench` builds its models under `with torch.device("meta")` to size them; the first build asks for
+    the decisions. Measured there, every timed call ran on meta tensors (15 rounds in 0.9 s, bf16 'won' on a
+    CPU that emulates it) and the wrong ratios were cached for every later command."""
+    from vitkit import hardware
+
+    seen = []
+
+    def record(a, b, rounds):
+        seen.append(torch.empty(0).device.type)  # the default device while the paths are timed
+        return 1.0
+
+    monkeypatch.setattr(hardware, "_paired_median", record)
+    with torch.device("meta"):
+        hardware.measure(2)
+    assert seen and set(seen) == {"cpu"}

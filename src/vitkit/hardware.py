@@ -495,6 +495,13 @@ def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int 
     """Time each MEASURABLE path against the path timm takes, at ViT-S/16 shapes (batch 8; the bf16 encoder
     layer at batch 2); a few seconds. Returns {"ratios": {path: timm_path_time / path_time}, "date": ...,
     "shapes": ..., "seconds": ...}; a ratio over 1 means the path is faster."""
+    # on the CPU whatever device the caller made the default: a model built under `with torch.device("meta")`
+    # (how `vitkit bench` sizes its models) asks for the decisions, and meta tensors would time nothing
+    with torch.device("cpu"):
+        return _measure(rounds, tokens, dim, heads)
+
+
+def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     import time
 
     t0 = time.perf_counter()
