@@ -89,8 +89,6 @@ def resolve_recipe(args):
                         ("max_tokens", "max_tokens")):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
-    if args.epochs is not None:
-        changes["time_budget_s"] = 0.0  # a fixed run
     if args.time_budget is not None:
         from ..training.budget import parse_duration
 
