@@ -48,6 +48,21 @@ def test_measured_once_said_once_cached_and_read_back(tmp_path):
     second = _run(tmp_path)
     assert second.returncode == 0 and second.stderr.strip() == "" and json.loads(second.stdout) == decided
     assert len(json.loads((tmp_path / "fast-paths.json").read_text())) == 2
+    assert entry["method"] == hardware.METHOD
+
+
+def test_an_entry_made_by_another_method_is_measured_again(tmp_path, monkeypatch):
+    """Session 36's bug: entries timed on meta tensors (15 rounds in 0.9 s, bf16 '1.04x' where it is emulated)
+    were read back as this machine's. An entry without the current METHOD is not this machine's measurement."""
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
+    key = machine_key(detect())
+    full = {name: 1.5 for name in MEASURABLE}
+    for method in (None, hardware.METHOD - 1, hardware.METHOD):
+        entry = {"ratios": full, "date": "2026-12-03", "rounds": 15, "seconds": 0.9, "shapes": {}}
+        if method is not None:
+            entry["method"] = method
+        (tmp_path / "fast-paths.json").write_text(json.dumps({key: entry}))
+        assert (hardware.cached_measurement(detect()) == entry) == (method == hardware.METHOD), method
 
 
 def test_corrupt_or_unwritable_cache_measures_in_memory_with_a_note(tmp_path):

@@ -85,6 +85,10 @@ MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "matmul_attention", "mat
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
 ENV_MEASURE = "VITKIT_MEASURE"  # 0: no measuring; the flag rules decide (CI and the tests set it)
+# How `measure` times, recorded in every cache entry: an entry made another way is measured again. 2: the paths
+# timed on the CPU whatever the default device (entries of 1, made under `vitkit bench`'s meta device, timed meta
+# tensors and turned bf16 on where it is emulated)
+METHOD = 2
 ENV_ROUNDS = "VITKIT_MEASURE_ROUNDS"  # paired rounds per path (default 15): fewer is quicker and noisier
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
@@ -418,13 +422,14 @@ def machine_key(caps: Capabilities) -> str:
 
 
 def cached_measurement(caps: Capabilities) -> dict | None:
-    """This machine's cached `measure` result, or None (no cache, another fingerprint, an unreadable file)."""
+    """This machine's cached `measure` result, or None (no cache, another fingerprint, an unreadable file, an
+    entry made by another METHOD)."""
     try:
         found = json.loads(cache_file().read_text()).get(machine_key(caps))
     except (OSError, ValueError, AttributeError):
         return None
-    if not (isinstance(found, dict) and isinstance(found.get("ratios"), dict)):
-        return None
+    if not (isinstance(found, dict) and isinstance(found.get("ratios"), dict)) or found.get("method") != METHOD:
+        return None  # not a measurement, or one made by another method (METHOD): measured again
     # a measurement from before a path was measurable is measured again, rather than deciding it by the rule
     return found if all(name in found["ratios"] for name in _measured_here()) else None
 
@@ -538,7 +543,7 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
                                        _training_step(block, xt, True, matmul[-1] >= MEASURED_WIN), few))
     ratios["matmul_attention_training"] = min(matmul)
     ratios["bf16_training"] = min(training)
-    return {"ratios": ratios, "date": datetime.date.today().isoformat(),
+    return {"ratios": ratios, "method": METHOD, "date": datetime.date.today().isoformat(),
             "shapes": {"tokens": tokens, "dim": dim, "heads": heads}, "rounds": rounds,
             "seconds": round(time.perf_counter() - t0, 2)}
 
