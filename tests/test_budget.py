@@ -75,6 +75,8 @@ def test_every_epoch_end_replans_where_the_times_drifted():
     # and one that ran at the old speed again: longer, still within the budget
     faster = same.on_epoch_end(3, same.plan.eval_s, 30, 30.0, 0.5)
     assert faster > slower and same.plan.changes == 2 and same.plan.expected_s <= 100 * (1 - MARGIN) + 1e-6
+    # the end of the last planned step: no more planning, however the times moved (the LR has decayed)
+    assert same.on_epoch_end(9, same.plan.eval_s, faster, 90.0, 0.1) == faster and same.plan.changes == 2
     # the evaluation took 4x the estimate and steps 2x: fewer steps, at least those done
     again = b.on_epoch_end(1, b.plan.eval_s * 4, 10, 12.0, 1.0)
     assert b.plan.replanned and 10 <= again < first and b.plan.step_s == 1.0

@@ -234,7 +234,7 @@ def test_onednn_linear_equals_f_linear_with_gradients():
 
     torch.manual_seed(0)
     lin, x = Linear(192, 576), torch.randn(2, 197, 192, requires_grad=True)
-    lin.onednn = True  # the switch vitkit.hardware sets per machine (layers default to timm's path)
+    lin.onednn = lin.onednn_training = True  # the switches vitkit.hardware sets (layers default to timm's path)
     weights = torch.randn(576)  # a loss that weighs outputs differently
     expect = F.linear(x, lin.weight, lin.bias)
     (expect * weights).sum().backward()
@@ -242,7 +242,10 @@ def test_onednn_linear_equals_f_linear_with_gradients():
     x.grad = None
     lin.zero_grad()
     out = lin(x)
-    assert type(out.grad_fn).__name__ == "_OneDnnLinearBackward"  # the oneDNN kernel in training
+    assert type(out.grad_fn).__name__ == "OneDnnLinearBackward"  # the oneDNN kernel in training
+    lin.onednn_training = False  # decided apart (hardware.py): inference's switch alone leaves training on F.linear
+    assert type(lin(x).grad_fn).__name__ != "OneDnnLinearBackward"
+    lin.onednn_training = True
     (out * weights).sum().backward()
     assert (out - expect).abs().max() <= 1e-5
     for got, want in zip((x.grad, lin.weight.grad, lin.bias.grad), ref):

@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitkit"
 # lower rank = lower layer; a module may import its own rank (if that makes no cycle) or any lower one
 RANKS = {
     "errors": 0, "typed_config": 0, "_files": 0, "_lazy": 0, "runtime": 0, "_version": 0, "hardware": 0, "timing": 0,
+    "onednn": 0,
     "layers": 1, "text": 1,
     "models": 2,
     "weights": 3,

@@ -65,6 +65,24 @@ def test_an_entry_made_by_another_method_is_measured_again(tmp_path, monkeypatch
         assert (hardware.cached_measurement(detect()) == entry) == (method == hardware.METHOD), method
 
 
+def test_where_bf16_is_emulated_its_other_paths_are_not_timed_and_the_rules_decide(tmp_path):
+    """Under the AVX2 cap (bf16 emulated on most CPUs) timing every bf16 path took 64 s on a Zen 4; a bf16 linear
+    under EMULATED_BF16 x fp32 skips them (None in the cache), so the flag rules decide them, and is quick."""
+    res = _run(tmp_path, ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+    assert res.returncode == 0, res.stderr
+    (entry,) = json.loads((tmp_path / "fast-paths.json").read_text()).values()
+    ratios = entry["ratios"]
+    bf16_paths = ("native_encoder", "matmul_attention", "matmul_attention_training", "bf16_training")
+    emulated = ratios["bf16"] < hardware.EMULATED_BF16
+    assert all((ratios[p] is None) == emulated for p in bf16_paths), ratios
+    decided = json.loads(res.stdout)
+    if emulated:
+        assert not any(decided[p] for p in bf16_paths)  # the AVX2 rule: off
+        assert entry["seconds"] < 20
+    else:
+        assert all(decided[p] == (ratios[p] >= MEASURED_WIN) for p in bf16_paths)
+
+
 def test_corrupt_or_unwritable_cache_measures_in_memory_with_a_note(tmp_path):
     (tmp_path / "fast-paths.json").write_text("{not json")
     res = _run(tmp_path)

@@ -44,8 +44,8 @@ Decided by measurement (issue 22: two Zen 4 machines with the same flags differe
 so no rule of the flags can hold everywhere): the first command that needs a decision times each measurable
 path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, bf16
 attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a training step of a
-pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, and the block in bf16 autocast vs fp32;
-ViT-S shapes (training: also the fashion-mnist model's), a few
+pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, the block in bf16 autocast vs fp32, and
+the fp32 linear with its backward, oneDNN vs F.linear; ViT-S shapes (training: also the fashion-mnist model's), a few
 seconds, said in one line) and caches the ratios per machine fingerprint (`machine_key`: CPU model, flags,
 cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in $VITKIT_CACHE/fast-paths.json (default
 ~/.cache/vitkit); later processes read it, `vitkit doctor --measure` refreshes it ($VITKIT_MEASURE_ROUNDS: rounds
@@ -74,15 +74,17 @@ from pathlib import Path
 
 import torch
 
+from . import onednn
 from .errors import ConfigError
 from .timing import paired_ratio, paired_times
 
-DECISIONS = ("bf16", "bf16_training", "onednn_linear", "matmul_attention", "matmul_attention_training",
-             "native_encoder", "onnx_runtime")
+DECISIONS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
+             "matmul_attention_training", "native_encoder", "onnx_runtime")
 # what `measure` times (CPU)
-MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "matmul_attention", "matmul_attention_training",
-              "native_encoder")
+MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
+              "matmul_attention_training", "native_encoder")
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
+EMULATED_BF16 = 0.5  # bf16 linears under this ratio to fp32: emulated bf16, whose other paths are not timed
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
 ENV_MEASURE = "VITKIT_MEASURE"  # 0: no measuring; the flag rules decide (CI and the tests set it)
 # How `measure` times, recorded in every cache entry: an entry made another way is measured again. 2: the paths
@@ -219,7 +221,7 @@ def detect() -> Capabilities:
     caps = dict(
         cpu=model or platform.processor() or platform.machine(), vendor=vendor, arch=platform.machine(),
         cores=cores, **isa, capped_by=capped_by, torch_isa=torch_isa,
-        onednn=torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"),
+        onednn=onednn.AVAILABLE,
         torch=torch.__version__,
     )
     if torch.cuda.is_available():
@@ -234,7 +236,8 @@ class Decisions:
     device: str  # "cpu" or "cuda"
     bf16: bool  # bf16 for inference that asks for the fast precision
     bf16_training: bool  # bf16 autocast for training by default
-    onednn_linear: bool
+    onednn_linear: bool  # inference (no grad)
+    onednn_linear_training: bool  # under grad (training: forward and backward)
     matmul_attention: bool  # inference (no grad)
     matmul_attention_training: bool  # under grad (training: forward and backward)
     native_encoder: bool
@@ -308,6 +311,7 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
         "bf16": _bf16_rule(caps, device),
         "bf16_training": _bf16_rule(caps, device),
         "onednn_linear": _onednn_rule(caps, device),
+        "onednn_linear_training": _onednn_rule(caps, device),
         "matmul_attention": _native_bf16_rule("2-5x faster than SDPA's flash kernel; Zen 3 with it: 0.64x timm",
                                               caps, device),
         "matmul_attention_training": _native_bf16_rule("2-5x faster than SDPA's flash kernel", caps, device),
@@ -321,6 +325,9 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
             rules[name] = (on, f"measured here ({measured.get('date', '?')}): {r:.2f}x timm's path, "
                            f"{'at least' if on else 'under'} {MEASURED_WIN}x (the flag rule says "
                            f"{'on' if rules[name][0] else 'off'})")
+        elif device == "cpu" and name in ratios and ratios[name] is None:  # skipped: bf16 is emulated here
+            rules[name] = (rules[name][0], f"{rules[name][1]} (not timed: bf16 linears measured "
+                                           f"{ratios.get('bf16', 0):.2f}x fp32 here, emulated)")
     for name, on in (overrides or {}).items():
         if name not in rules:
             raise ConfigError(f"unknown fast path {name!r}; known: {', '.join(DECISIONS)}")
@@ -436,8 +443,7 @@ def cached_measurement(caps: Capabilities) -> dict | None:
 
 def _measured_here() -> tuple[str, ...]:
     """The MEASURABLE paths `measure` can time with this torch build (oneDNN's linear needs oneDNN)."""
-    onednn = hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available()
-    return tuple(n for n in MEASURABLE if n != "onednn_linear" or onednn)
+    return tuple(n for n in MEASURABLE if not n.startswith("onednn_linear") or onednn.AVAILABLE)
 
 
 def _paired_median(a, b, rounds: int) -> float:
@@ -491,9 +497,22 @@ def _training_step(block, x, bf16: bool, matmul: bool = False):
     return step
 
 
+def _linear_training_step(x, w, use_onednn: bool):
+    """One forward + backward of the linear x @ w.T in fp32, by F.linear (timm's) or by the oneDNN function the
+    layer runs in training (vitkit.onednn); gradients accumulate, which costs the same every call."""
+    def step():
+        out = onednn.OneDnnLinear.apply(x, w, None) if use_onednn else torch.nn.functional.linear(x, w)
+        out.sum().backward()
+    return step
+
+
 # training shapes [B, N, D, heads]: the fashion-mnist recipe's model (at half its batch: the ratio is the same,
 # the time half), and ViT-S/16 at batch 8
 TRAINING_SHAPES = ((64, 50, 192, 3), (8, 197, 384, 6))
+# the fp32 linear in training, [tokens, in, out] of an MLP's fc1: the fashion-mnist recipe's model (128 wide, MLP
+# ratio 2, 49 tokens, half its batch: its narrow width is where oneDNN's transposed copies in the backward cost most)
+# and ViT-S/16 at batch 8
+LINEAR_TRAINING_SHAPES = ((64 * 49, 128, 256), (8 * 197, 384, 1536))
 
 
 def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int = 6) -> dict:
@@ -514,26 +533,31 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     x, w = torch.randn(tokens, dim, generator=g), torch.randn(4 * dim, dim, generator=g)  # MLP fc1: [T, D] x [4D, D]^T
     ratios = {}
     with torch.inference_mode():
-        if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available():
-            ratios["onednn_linear"] = _paired_median(
-                lambda: torch.nn.functional.linear(x, w),
-                lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""), rounds)
+        if onednn.AVAILABLE:
+            ratios["onednn_linear"] = _paired_median(lambda: torch.nn.functional.linear(x, w),
+                                                     lambda: onednn.mm_t(x, w), rounds)
         xb, wb = x.bfloat16(), w.bfloat16()  # bf16 against fp32: the same product (emulated bf16 loses)
         ratios["bf16"] = _paired_median(lambda: torch.nn.functional.linear(x, w),
                                         lambda: torch.nn.functional.linear(xb, wb), rounds)
-        layer = torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
-                                                 batch_first=True, norm_first=True).eval().bfloat16()
-        xe = torch.randn(2, 197, dim, generator=g).bfloat16()  # [B, N, D]
-        ratios["native_encoder"] = _paired_median(lambda: _slow_encoder_layer(layer, xe), lambda: layer(xe),
-                                                  max(3, rounds // 2))
-        q, k, v = (torch.randn(tokens // 197, heads, 197, dim // heads, generator=g).bfloat16() for _ in range(3))
-        ratios["matmul_attention"] = _paired_median(lambda: _attention(q, k, v, False),
-                                                    lambda: _attention(q, k, v, True), rounds)
+        # the other bf16 paths are timed only where bf16 is not emulated: under the AVX2 cap of a Zen 4 timing
+        # them took 64 s (the issue allows 20), and with bf16 linears at a fifth of fp32 none of them can win
+        bf16_timed = ratios["bf16"] >= EMULATED_BF16
+        ratios["native_encoder"] = ratios["matmul_attention"] = None  # None: not timed, the flag rule decides
+        if bf16_timed:
+            layer = torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
+                                                     batch_first=True, norm_first=True).eval().bfloat16()
+            xe = torch.randn(2, 197, dim, generator=g).bfloat16()  # [B, N, D]
+            ratios["native_encoder"] = _paired_median(lambda: _slow_encoder_layer(layer, xe), lambda: layer(xe),
+                                                      max(3, rounds // 2))
+            q, k, v = (torch.randn(tokens // 197, heads, 197, dim // heads, generator=g).bfloat16() for _ in range(3))
+            ratios["matmul_attention"] = _paired_median(lambda: _attention(q, k, v, False),
+                                                        lambda: _attention(q, k, v, True), rounds)
     # training, at each shape: bf16 attention under grad (SDPA vs matmul form), then the whole block in bf16 autocast
-    # (with the faster attention) against fp32 (SDPA). Each must win at every shape to be the default: the shape
-    # where it loses would be someone's run
-    matmul, training = [], []
-    for b, n, d, h in TRAINING_SHAPES:
+    # (with the faster attention) against fp32 (SDPA), and oneDNN's fp32 linear with its backward against F.linear's
+    # (the inference linear won 1.16x on a Zen 4 whose fp32 training step then ran 0.82x timm). Each must win at
+    # every shape to be the default: the shape where it loses would be someone's run
+    matmul, training, linear = [], [], []
+    for b, n, d, h in TRAINING_SHAPES if bf16_timed else ():
         block = _TrainingBlock(d, h).train()
         xt = torch.randn(b, n, d, generator=g)  # [B, N, D]
         few = max(2, rounds // 3)
@@ -541,8 +565,15 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
                                      few))
         training.append(_paired_median(_training_step(block, xt, False),
                                        _training_step(block, xt, True, matmul[-1] >= MEASURED_WIN), few))
-    ratios["matmul_attention_training"] = min(matmul)
-    ratios["bf16_training"] = min(training)
+    for tokens_, d_in, d_out in LINEAR_TRAINING_SHAPES if onednn.AVAILABLE else ():  # forward and both gradients
+        xl = torch.randn(tokens_, d_in, generator=g, requires_grad=True)  # [B*N, D]
+        wl = torch.randn(d_out, d_in, generator=g, requires_grad=True)  # [hidden, D]
+        linear.append(_paired_median(_linear_training_step(xl, wl, False), _linear_training_step(xl, wl, True),
+                                     max(2, rounds // 3)))
+    ratios["matmul_attention_training"] = min(matmul) if matmul else None
+    ratios["bf16_training"] = min(training) if training else None
+    if linear:
+        ratios["onednn_linear_training"] = min(linear)
     return {"ratios": ratios, "method": METHOD, "date": datetime.date.today().isoformat(),
             "shapes": {"tokens": tokens, "dim": dim, "heads": heads}, "rounds": rounds,
             "seconds": round(time.perf_counter() - t0, 2)}
@@ -586,7 +617,8 @@ def apply_fast_paths(model: torch.nn.Module, decisions: Decisions) -> dict[str, 
     (linear layers).
     Returns how many modules each switch was set on."""
     switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
-                "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear}
+                "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear,
+                "onednn_training": decisions.onednn_linear_training}
     counts = dict.fromkeys(switches, 0)
     for module in model.modules():
         for attr, on in switches.items():

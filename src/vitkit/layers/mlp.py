@@ -7,30 +7,8 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from ..errors import ConfigError
-
-_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def _onednn_mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b.T (+ bias) by oneDNN; a [..., K], b [N, K]."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
-
-
-class _OneDnnLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        return _onednn_mm_t(x, weight, bias)  # [..., out]
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad
-        grad2d = grad.reshape(-1, grad.shape[-1])  # [M, out]
-        grad_x = _onednn_mm_t(grad, weight.t().contiguous()) if need_x else None  # [..., in]
-        grad_w = _onednn_mm_t(grad2d.t().contiguous(), x.reshape(-1, x.shape[-1]).t().contiguous()) if need_w else None
-        return grad_x, grad_w, grad2d.sum(0) if need_b else None  # [out, in], [out]
+from ..onednn import AVAILABLE as _ONEDNN_LINEAR
+from ..onednn import OneDnnLinear, mm_t
 
 
 class Linear(nn.Linear):
@@ -44,15 +22,17 @@ class Linear(nn.Linear):
     `onednn` is the switch `vitkit.hardware` sets per machine kind (off where MKL is not slower)."""
 
     onednn: bool = False  # timm's path until vitkit.hardware.apply_fast_paths decides
+    onednn_training: bool = False  # the same under grad (forward and backward), decided apart: hardware.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.onednn and _ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu"
+        onednn = self.onednn_training if torch.is_grad_enabled() else self.onednn
+        if (onednn and _ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu"
                 and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
                 and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
                 and _current_dispatch_mode() is None):
             if not torch.is_grad_enabled():
-                return _onednn_mm_t(x, self.weight, self.bias)
-            return _OneDnnLinear.apply(x, self.weight, self.bias)
+                return mm_t(x, self.weight, self.bias)
+            return OneDnnLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -123,6 +123,8 @@ class TimeBudget:
         if not p.steps:
             return None
         p.replanned = True  # the step-time checks inside the first epoch end here: epoch ends re-plan from now
+        if step >= p.steps:  # the planned steps are done: the LR has decayed, a longer plan would only raise it
+            return p.steps
         drifted = [abs(new - old) > DRIFT * old for new, old in ((eval_seconds, p.eval_s), (recent_step_s, p.step_s))
                    if old > 0]
         if not any(drifted):
