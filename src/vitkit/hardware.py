@@ -557,10 +557,10 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     # (the inference linear won 1.16x on a Zen 4 whose fp32 training step then ran 0.82x timm). Each must win at
     # every shape to be the default: the shape where it loses would be someone's run
     matmul, training, linear = [], [], []
+    few = max(2, rounds // 3)
     for b, n, d, h in TRAINING_SHAPES if bf16_timed else ():
         block = _TrainingBlock(d, h).train()
         xt = torch.randn(b, n, d, generator=g)  # [B, N, D]
-        few = max(2, rounds // 3)
         matmul.append(_paired_median(_training_step(block, xt, True, False), _training_step(block, xt, True, True),
                                      few))
         training.append(_paired_median(_training_step(block, xt, False),
@@ -569,7 +569,7 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
         xl = torch.randn(tokens_, d_in, generator=g, requires_grad=True)  # [B*N, D]
         wl = torch.randn(d_out, d_in, generator=g, requires_grad=True)  # [hidden, D]
         linear.append(_paired_median(_linear_training_step(xl, wl, False), _linear_training_step(xl, wl, True),
-                                     max(2, rounds // 3)))
+                                     few))
     ratios["matmul_attention_training"] = min(matmul) if matmul else None
     ratios["bf16_training"] = min(training) if training else None
     if linear:

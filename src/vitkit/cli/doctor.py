@@ -44,7 +44,8 @@ def render(r: dict[str, Any]) -> None:
         ("GPU", gpu),
         ("torch", c["torch"]),
         ("measured here", "none (`vitkit doctor --measure`)" if not r["measured"] else
-         f"{r['measured']['date']}: " + ", ".join(f"{k} {v:.2f}x" if v is not None else f"{k} not timed" for k, v in r["measured"]["ratios"].items())),
+         f"{r['measured']['date']}: " + ", ".join(f"{k} {v:.2f}x" if v is not None else f"{k} not timed"
+                                                  for k, v in r["measured"]["ratios"].items())),
     ], justify=("left", "left"))
     for device, d in r["decisions"].items():
         rows = [(name, "on" if p["on"] else "off", p["why"]) for name, p in d["paths"].items()]

@@ -19,18 +19,19 @@ class Linear(nn.Linear):
     1.4-1.8x and small-model fp32 training steps 1.6x faster, outputs and gradients equal to 1e-6.
     Autocast, other dtypes, compiled or traced code and dispatch modes (FlopCounterMode, fake tensors)
     keep F.linear: inductor and the exporters have their own kernels, and the counters do not know it.
-    `onednn` is the switch `vitkit.hardware` sets per machine kind (off where MKL is not slower)."""
+    `onednn` (inference) and `onednn_training` (under grad) are the switches `vitkit.hardware` sets per machine
+    from what it measured there (off: timm's F.linear)."""
 
     onednn: bool = False  # timm's path until vitkit.hardware.apply_fast_paths decides
     onednn_training: bool = False  # the same under grad (forward and backward), decided apart: hardware.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        onednn = self.onednn_training if torch.is_grad_enabled() else self.onednn
-        if (onednn and _ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu"
-                and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        grad = torch.is_grad_enabled()
+        if ((self.onednn_training if grad else self.onednn) and _ONEDNN_LINEAR and x.dtype == torch.float32
+                and x.device.type == "cpu" and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
                 and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
                 and _current_dispatch_mode() is None):
-            if not torch.is_grad_enabled():
+            if not grad:
                 return mm_t(x, self.weight, self.bias)
             return OneDnnLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
