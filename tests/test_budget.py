@@ -139,11 +139,15 @@ def test_a_budget_run_plans_its_epochs_and_resume_keeps_the_plan(tmp_path, capsy
         {k: saved[k] for k in ("budget_s", "planned_at", "replanned")}
     assert plan["changes"] >= saved["changes"] and (plan["changes"] > saved["changes"] or plan["steps"] == saved["steps"])
     assert summary["steps"] == plan["steps"] and summary["epochs"] == plan["epochs"] == math.ceil(plan["steps"] / 8)
-    # the cosine schedule was laid over the planned steps: it ends at min_lr (1e-5 of lr 3e-3 here)
+    # the cosine schedule was laid over the planned steps: it ends at min_lr (1e-5 of lr 3e-3 here). Where the
+    # resumed run's epoch end re-planned (this machine's times moved), a plan cut to the step at hand ends the run
+    # there, before the decay is through: the LR has still come down, but not to min_lr
     lrs = [s["lr"] for s in _steps(run)]
     assert len(lrs) == plan["steps"]
     if plan["steps"] > 8:
-        assert lrs[-1] < lrs[0] and lrs[-1] == pytest.approx(1e-5, rel=0.5, abs=3e-3 / plan["steps"])
+        assert lrs[-1] < lrs[0]
+        if plan["changes"] == saved["changes"]:
+            assert lrs[-1] == pytest.approx(1e-5, rel=0.5, abs=3e-3 / plan["steps"])
     assert plan["within"] == (summary["wall_time_s"] <= 6.0)
 
 
