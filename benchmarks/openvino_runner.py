@@ -1,0 +1,64 @@
+"""vitkit's OpenVINO runner against OpenVINO called directly, alone: the same engine, two ways in.
+
+Usage: python benchmarks/openvino_runner.py [--models vit_small_patch16_224 vit_base_patch16_224]
+                                            [--batches 8] [--precisions bf16] [--repeats 9] [--threads N]
+Per (model, batch, precision), timed round-robin by vitkit.timing in one run, nothing else in the rounds:
+  direct  OpenVINO on timm's model as its documentation shows (vitkit.bench.openvino_fn: convert_model in memory,
+          compile_model with the precision hint, the thread count and LATENCY, one infer request);
+  runner  vitkit.runner(model, backend="openvino"): vitkit's IR export (cached by content hash, batch left
+          dynamic) behind the Runner call a user makes, torch tensor in and out.
+`vitkit bench` times these two among six cases a round; this separates the runner's own cost from the spread of
+a crowded round. Random weights (the speed does not depend on them); bf16 only where the CPU has native bf16.
+Writes benchmarks/results/openvino-runner.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+from _results import write_results  # benchmarks/_results.py, beside this script
+
+from vitkit.bench import build_vitkit, openvino_fn, timm_twin
+from vitkit.export.runner import runner
+from vitkit.hardware import detect
+from vitkit.timing import paired_ratio, paired_times
+
+
+def main(argv: list[str]) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["vit_small_patch16_224", "vit_base_patch16_224"])
+    ap.add_argument("--batches", nargs="+", type=int, default=[8])
+    ap.add_argument("--precisions", nargs="+", default=["bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    caps = detect()
+    precisions = [p for p in args.precisions if p == "fp32" or caps.native_bf16]
+    rows, table = [], ["| model | batch | precision | OpenVINO direct img/s | runner img/s | runner vs direct (paired) |",
+                       "|---|---:|---|---:|---:|---:|"]
+    for name in args.models:
+        vk = build_vitkit(name).eval()
+        tm = timm_twin(vk).eval()
+        C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
+        for batch in args.batches:
+            x = torch.randn(batch, C, H, W, generator=torch.Generator().manual_seed(0))
+            for precision in precisions:
+                run = runner(vk, backend="openvino", precision=precision)
+                times = paired_times({"direct": openvino_fn(tm, x, precision), "runner": lambda: run(x)},
+                                     warmup=2, repeats=args.repeats)
+                direct, ours = (batch / statistics.median(times[k]) for k in ("direct", "runner"))
+                ratio = paired_ratio(times["direct"], times["runner"])
+                rows.append(dict(model=name, batch=batch, precision=precision, direct_img_s=direct,
+                                 runner_img_s=ours, runner_vs_direct=ratio))
+                table.append(f"| {name} | {batch} | {precision} | {direct:.1f} | {ours:.1f} | {ratio:.2f}x |")
+                print(table[-1], flush=True)
+    command = "python benchmarks/openvino_runner.py " + " ".join(argv)
+    return write_results("openvino-runner", command.strip(), caps, table, rows)
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1:]))
