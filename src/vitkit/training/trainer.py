@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from ..data.transforms import collate
@@ -73,7 +74,11 @@ class Trainer:
             model.compile()  # in place: the state dict keeps its keys
         self.net = self.strategy.wrap(self.task)  # the optimiser is built on what the strategy made of it
         groups = param_groups(model, r) + [g for m in self.task.heads() for g in param_groups(m, r)]
-        self.optimizer = torch.optim.AdamW(groups, lr=r.lr, betas=tuple(r.betas))
+        # fused: one kernel for all parameters (the loop form took 2.6 ms a step of the fashion-mnist-conv ViT's
+        # 175 ms on a 2-core Zen 4, fused 0.5 ms; vitkit bench's training rows time this form); sharded (DTensor)
+        # parameters keep the loop form
+        fused = not any(isinstance(p.data, DTensor) for g in groups for p in g["params"])
+        self.optimizer = torch.optim.AdamW(groups, lr=r.lr, betas=tuple(r.betas), fused=fused)
         self.steps_per_epoch = len(epoch_batches(len(self.train_set), r, 0, self.d))
         self.warmup_steps = round(r.warmup_epochs * self.steps_per_epoch)
         self.at = (self.run_dir.load_run(self.strategy, self.optimizer, self.ema, self.task) if self.resume
