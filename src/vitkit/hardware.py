@@ -83,6 +83,7 @@ DECISIONS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training",
 # what `measure` times (CPU)
 MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
               "matmul_attention_training", "native_encoder")
+NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training")  # timed only where this torch build has oneDNN
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 EMULATED_BF16 = 0.5  # bf16 linears under this ratio to fp32: emulated bf16, whose other paths are not timed
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
@@ -443,7 +444,7 @@ def cached_measurement(caps: Capabilities) -> dict | None:
 
 def _measured_here() -> tuple[str, ...]:
     """The MEASURABLE paths `measure` can time with this torch build (oneDNN's linear needs oneDNN)."""
-    return tuple(n for n in MEASURABLE if not n.startswith("onednn_linear") or onednn.AVAILABLE)
+    return tuple(n for n in MEASURABLE if n not in NEEDS_ONEDNN or onednn.AVAILABLE)
 
 
 def _paired_median(a, b, rounds: int) -> float:
