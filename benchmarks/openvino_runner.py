@@ -38,8 +38,9 @@ def main(argv: list[str]) -> str:
         torch.set_num_threads(args.threads)
     caps = detect()
     precisions = [p for p in args.precisions if p == "fp32" or caps.native_bf16]
-    rows, table = [], ["| model | batch | precision | OpenVINO direct img/s | runner img/s | runner vs direct (paired) |",
-                       "|---|---:|---|---:|---:|---:|"]
+    table = ["| model | batch | precision | OpenVINO direct img/s | runner img/s | runner vs direct (paired) |",
+             "|---|---:|---|---:|---:|---:|"]
+    rows = []
     for name in args.models:
         vk = build_vitkit(name).eval()
         tm = timm_twin(vk).eval()

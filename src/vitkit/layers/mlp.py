@@ -28,8 +28,8 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grad = torch.is_grad_enabled()
         if ((self.onednn_training if grad else self.onednn) and _ONEDNN_LINEAR and x.dtype == torch.float32
-                and x.device.type == "cpu" and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+                and x.device.type == "cpu" and self.weight.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
                 and _current_dispatch_mode() is None):
             if not grad:
                 return mm_t(x, self.weight, self.bias)
