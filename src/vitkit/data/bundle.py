@@ -30,6 +30,11 @@ class TensorImages(Dataset):
     def __getitem__(self, i: int):
         return self.images[i], int(self.labels[i])
 
+    def batch(self, idx: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images [B, C, H, W] and labels [B] of the samples `idx`, in one indexing (batched transforms)."""
+        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+        return self.images[idx], self.labels[idx]
+
     def subset(self, idx: Sequence[int]) -> TensorImages:
         idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))
         return TensorImages(self.images[idx], self.labels[idx], self.ids[idx])

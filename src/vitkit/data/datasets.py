@@ -47,18 +47,34 @@ class Transformed(Dataset):
     """Applies `transform` with randomness that is a pure function of (seed, epoch, index).
 
     That makes augmentation identical across worker counts, DDP ranks and a resumed run.
+
+    `batched` (data.transforms.BatchedTransform, optional): the same pipeline on a whole batch (uint8 images
+    [B, C, H, W], each sample's seed) where the base holds its images in memory (`batch`); it then serves every
+    sample, one at a time too, so that a sample's augmentation is the same in any batch and any loader.
     """
 
-    def __init__(self, base: Dataset, transform: Callable, seed: int = 0, deterministic: bool = True):
+    def __init__(self, base: Dataset, transform: Callable, seed: int = 0, deterministic: bool = True,
+                 batched: Callable | None = None):
         self.base, self.transform, self.seed, self.deterministic = base, transform, seed, deterministic
+        self.batched = batched if hasattr(base, "batch") else None
         self.epoch = 0
 
     def __len__(self) -> int:
         return len(self.base)
 
+    def __getitems__(self, indices: list) -> list:
+        """What DataLoader fetches a batch with: the batched pipeline in one call where there is one."""
+        if self.batched is None or any(isinstance(i, tuple) for i in indices):
+            return [self[i] for i in indices]
+        images, labels = self.base.batch(indices)
+        x = self.batched(images, [sample_seed(self.seed, self.epoch, int(i)) for i in indices])
+        return list(zip(x.unbind(0), labels.tolist()))
+
     def __getitem__(self, i):
         """i: an index, or (index, argument) where the batch sampler gives the transform one (a NaFlex step's
         sequence length, training/token_budget.py)."""
+        if self.batched is not None and not isinstance(i, tuple):
+            return self.__getitems__([i])[0]
         i, *arg = i if isinstance(i, tuple) else (i,)
         x, y = self.base[i]
         if not self.deterministic:

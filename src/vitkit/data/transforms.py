@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import default_collate
@@ -237,6 +238,77 @@ def _augment_and_normalise(pre, recipe, interp: InterpolationMode, color_jitter)
     if recipe.reprob:
         ops.append(v2.RandomErasing(p=recipe.reprob, value=0))
     return ops
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic): well-mixed bits from consecutive seeds."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def seeded_uniforms(seeds, stream: int) -> torch.Tensor:
+    """One uniform draw in [0, 1) per seed [B] (float64), a pure function of (seed, stream): the batched
+    transforms' randomness, so a sample's augmentation does not depend on the batch it is drawn in."""
+    with np.errstate(over="ignore"):
+        bits = _splitmix64(np.asarray(seeds, dtype=np.uint64) * np.uint64(8) + np.uint64(stream))
+    return torch.from_numpy((bits >> np.uint64(11)).astype(np.float64) / float(2 ** 53))
+
+
+class BatchedTransform:
+    """A train or eval pipeline on a whole uint8 batch [B, C, H, W] at once, for in-memory images already at the
+    model's input size: channel matching, the recipe's pad-crop and flip (each sample's own draw from its seed),
+    scaling and normalisation, with no per-image Python. Built by `batched_train_transform` /
+    `batched_eval_transform` only where every op of the per-image pipeline has a batched form; it replaces the
+    per-image pipeline for those datasets (data.datasets.Transformed), it does not reproduce its random draws.
+
+    Why: the per-image v2 pipeline costs ~110 us an image on a 2-core Zen 4, 8% of a small ViT's training step
+    and 16% of its evaluation (BENCHMARKS.md)."""
+
+    def __init__(self, pre, hflip: float = 0.0, crop_padding: int = 0):
+        self.channels = int(pre.input_size[0])
+        self.hflip, self.pad = float(hflip), int(crop_padding)
+        self.mean = torch.tensor(pre.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        self.std = torch.tensor(pre.std, dtype=torch.float32).view(1, -1, 1, 1)
+
+    def __call__(self, images: torch.Tensor, seeds) -> torch.Tensor:
+        x = images  # [B, C, H, W] uint8
+        if x.shape[1] != self.channels:  # as MatchChannels: torchvision's own conversions, batched
+            x = TF.grayscale_to_rgb(x) if self.channels == 3 else TF.rgb_to_grayscale(x)
+        b, _, h, w = x.shape
+        if self.pad:  # v2.RandomCrop(padding=p): zero padding, then an (H, W) window at a random offset
+            x = torch.nn.functional.pad(x, [self.pad] * 4)
+            span = 2 * self.pad + 1
+            dy = (seeded_uniforms(seeds, 1) * span).long()  # [B]
+            dx = (seeded_uniforms(seeds, 2) * span).long()
+            rows = (dy[:, None] + torch.arange(h))[:, None, :, None]  # [B, 1, H, 1]
+            cols = (dx[:, None] + torch.arange(w))[:, None, None, :]  # [B, 1, 1, W]
+            x = x[torch.arange(b)[:, None, None, None], torch.arange(x.shape[1])[None, :, None, None], rows, cols]
+        if self.hflip:
+            flip = seeded_uniforms(seeds, 0) < self.hflip  # [B]
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        return (x.float() / 255 - self.mean) / self.std  # [B, C, H, W]
+
+
+def batched_train_transform(pre, recipe, src_size: tuple[int, int] | None) -> BatchedTransform | None:
+    """`train_transform`'s batched form (`BatchedTransform`) where it has one: images at the input size (no
+    resize), crop none or pad, no auto-augment and no random erasing; otherwise None (the per-image pipeline)."""
+    if native_aspect(pre) or src_size is None or tuple(src_size) != _size(pre):
+        return None
+    if recipe.crop not in ("none", "pad") or recipe.auto_augment or recipe.reprob:
+        return None
+    return BatchedTransform(pre, recipe.hflip, recipe.crop_padding if recipe.crop == "pad" else 0)
+
+
+def batched_eval_transform(pre, src_size: tuple[int, int] | None) -> BatchedTransform | None:
+    """`eval_transform`'s batched form where its resize and centre crop leave images of `src_size` as they are;
+    otherwise None."""
+    if native_aspect(pre) or src_size is None or tuple(src_size) != _size(pre):
+        return None
+    if tuple(eval_resize_size(src_size, pre)) != tuple(src_size):
+        return None
+    return BatchedTransform(pre)
 
 
 class BudgetTrainTransform(torch.nn.Module):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..data.datasets import DataBundle, Transformed, default_val_fraction, load_data
-from ..data.transforms import eval_transform, train_transform
+from ..data.transforms import batched_eval_transform, batched_train_transform, eval_transform, train_transform
 from . import models as model_io
 from .recipes import Recipe, check_preset_lr
 
@@ -53,8 +53,11 @@ def build_run(recipe: Recipe, *, finetune: str | None, strict: bool, device: tor
     data.set_channels(model_io.in_chans(model))
     model.to(device)
     pre = model.preprocess
-    ev = eval_transform(pre)
+    ev, ev_batched = eval_transform(pre), batched_eval_transform(pre, data.image_size)
     eval_split = "val" if data.val is not None else "test"
-    return RunParts(r, data, model, Transformed(data.train, train_transform(pre, r, data.image_size), seed=r.seed),
-                    Transformed(data.val if data.val is not None else data.test, ev, deterministic=False), eval_split,
-                    Transformed(data.test, ev, deterministic=False) if data.test is not None else None)
+    train_set = Transformed(data.train, train_transform(pre, r, data.image_size), seed=r.seed,
+                            batched=batched_train_transform(pre, r, data.image_size))
+    return RunParts(r, data, model, train_set,
+                    Transformed(data.val if data.val is not None else data.test, ev, deterministic=False,
+                                batched=ev_batched), eval_split,
+                    Transformed(data.test, ev, deterministic=False, batched=ev_batched) if data.test is not None else None)
