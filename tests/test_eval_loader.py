@@ -40,3 +40,16 @@ def test_eval_loader_gives_the_models_eval_batches_in_order():
     again = next(iter(eval_loader(ds, model.preprocess, batch_size=16)))[0]
     assert torch.equal(again, batches[0][0])  # no randomness: the same images give the same tensors
     assert sum(len(y) for _, y in eval_loader(ds, model.preprocess)) == len(ds)  # no limit: the whole split
+
+
+def test_in_memory_images_at_the_input_size_take_the_batched_form_with_the_same_tensors():
+    from vitkit.data.transforms import eval_transform
+
+    model = vitkit.create_model("vit_pico_patch2_8")  # digits are 8x8: the eval resize leaves them as they are
+    _, _, ds = load_eval_split("digits", channels=1)
+    loader = eval_loader(ds, model.preprocess, batch_size=16, limit=20)
+    assert loader.dataset.batched is not None  # the route this test is about
+    x = torch.cat([b for b, _ in loader])
+    per_image = eval_transform(model.preprocess)
+    expected = torch.stack([per_image(ds[i][0]) for i in range(20)])
+    torch.testing.assert_close(x, expected, atol=1e-6, rtol=0)

@@ -348,12 +348,15 @@ def load_eval_split(data: str, *, channels: int, class_names: list[str] | None =
 def eval_loader(ds: Dataset, preprocess, *, batch_size: int = 256, limit: int | None = None) -> DataLoader:
     """A split's (images [B, C, H, W], labels [B]) batches as a model with `preprocess` sees them at evaluation:
     its eval transform, no randomness, in order; the first `limit` images at most."""
-    from .transforms import collate, eval_transform
+    from .transforms import batched_eval_transform, collate, eval_transform
 
     if limit is not None and limit < len(ds):
-        ds = Subset(ds, range(limit))
-    return DataLoader(Transformed(ds, eval_transform(preprocess), deterministic=False), batch_size=batch_size,
-                      collate_fn=collate)
+        ds = ds.subset(range(limit)) if isinstance(ds, TensorImages) else Subset(ds, range(limit))
+    # in-memory images at the input size take the batched form (the same tensors, no per-image Python)
+    size = tuple(ds.images.shape[-2:]) if isinstance(ds, TensorImages) else None
+    return DataLoader(Transformed(ds, eval_transform(preprocess), deterministic=False,
+                                  batched=batched_eval_transform(preprocess, size)),
+                      batch_size=batch_size, collate_fn=collate)
 
 
 def describe_split(bundle: DataBundle, split: str) -> str:
