@@ -1,5 +1,7 @@
 """Does the data pipeline keep up? A recipe's training loader (its augmentations, its worker count)
-against the model's training step, both in images per second, on this machine.
+against the model's training step, both in images per second, on this machine; the loader both ways where the
+recipe has a batched form (data.transforms.batched_train_transform: in-memory images at the input size), per
+image (torchvision transforms v2 on each image) and batched (one call a batch), as `vitkit train` builds it.
 
 Usage: python benchmarks/data_pipeline.py [--recipe fashion-mnist] [--batches 20] [--workers N]
 Writes benchmarks/results/data-pipeline-RECIPE.{md,json}. A loader/model ratio below 1 means training waits
@@ -20,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from vitkit.bench import build_vitkit, machine_info
 from vitkit.data.datasets import Transformed, load_data
-from vitkit.data.transforms import train_transform
+from vitkit.data.transforms import batched_train_transform, train_transform
 from vitkit.training.recipes import get_recipe
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -39,19 +41,25 @@ def main() -> int:
     workers = r.workers if args.workers is None else args.workers
     model = build_vitkit(f"recipe:{args.recipe}").train()
     data = load_data(r.data, seed=r.seed, channels=model.cfg.in_chans)
-    ds = Transformed(data.train, train_transform(model.preprocess, r, data.image_size), seed=r.seed)
-    loader = DataLoader(ds, batch_size=r.batch_size, shuffle=True, num_workers=workers, drop_last=True)
+    per_image = train_transform(model.preprocess, r, data.image_size)
+    batched = batched_train_transform(model.preprocess, r, data.image_size)
 
-    it = iter(loader)
-    next(it)  # worker start-up is paid once per epoch, not per batch
-    t0 = time.perf_counter()
-    for _ in range(args.batches):
-        x, y = next(it)
-    loader_rate = args.batches * r.batch_size / (time.perf_counter() - t0)
+    def loader_rate(batched_form) -> float:
+        ds = Transformed(data.train, per_image, seed=r.seed, batched=batched_form)
+        loader = DataLoader(ds, batch_size=r.batch_size, shuffle=True, num_workers=workers, drop_last=True)
+        it = iter(loader)
+        next(it)  # worker start-up is paid once per epoch, not per batch
+        t0 = time.perf_counter()
+        for _ in range(args.batches):
+            next(it)
+        return args.batches * r.batch_size / (time.perf_counter() - t0)
+
+    forms = {"per image": loader_rate(None)}
+    if batched is not None:
+        forms["batched"] = loader_rate(batched)
+    x, y = next(iter(DataLoader(Transformed(data.train, per_image, seed=r.seed), batch_size=r.batch_size)))
 
     opt = torch.optim.AdamW(model.parameters(), lr=r.lr, fused=True)
-    x, y = x[:r.batch_size], y[:r.batch_size]
-
     def step():
         with torch.autocast("cpu", torch.bfloat16, enabled=r.bf16):
             loss = F.cross_entropy(model(x), y)
@@ -69,15 +77,15 @@ def main() -> int:
     command = " ".join(["python", "benchmarks/data_pipeline.py", *sys.argv[1:]])
     res = {"command": command, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
            "machine": machine_info(), "recipe": args.recipe, "batch_size": r.batch_size, "workers": workers,
-           "bf16": r.bf16, "loader_img_per_s": loader_rate, "train_step_img_per_s": model_rate,
-           "loader_over_model": loader_rate / model_rate}
+           "bf16": r.bf16, "loader_img_per_s": forms, "train_step_img_per_s": model_rate,
+           "loader_over_model": {k: v / model_rate for k, v in forms.items()}}
     m = res["machine"]
     lines = [f"Command: `{command}`  ", f"Date: {res['date']}  ",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads)", "",
-             "| recipe | batch | workers | loader img/s | train step img/s | loader / model |",
-             "|---|---:|---:|---:|---:|---:|",
-             (f"| {args.recipe} | {r.batch_size} | {workers} | {loader_rate:.0f} | {model_rate:.0f} | "
-             f"{res['loader_over_model']:.2f} |"), ""]
+             "| recipe | batch | workers | loader form | loader img/s | train step img/s | loader / model |",
+             "|---|---:|---:|---|---:|---:|---:|",
+             *(f"| {args.recipe} | {r.batch_size} | {workers} | {form} | {rate:,.0f} | {model_rate:,.0f} | "
+               f"{rate / model_rate:.2f} |" for form, rate in forms.items()), ""]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"data-pipeline-{args.recipe}.md").write_text("\n".join(lines))
     (RESULTS / f"data-pipeline-{args.recipe}.json").write_text(json.dumps(res, indent=2) + "\n")

@@ -263,8 +263,8 @@ class BatchedTransform:
     `batched_eval_transform` only where every op of the per-image pipeline has a batched form; it replaces the
     per-image pipeline for those datasets (data.datasets.Transformed), it does not reproduce its random draws.
 
-    Why: the per-image v2 pipeline costs ~110 us an image on a 2-core Zen 4, 8% of a small ViT's training step
-    and 16% of its evaluation (BENCHMARKS.md)."""
+    Why: the per-image v2 pipeline costs ~100 us an image on a 2-core Zen 4, 8% on top of a small ViT's training
+    step; the batched form 0.4% (BENCHMARKS.md, "Per image against batched")."""
 
     def __init__(self, pre, hflip: float = 0.0, crop_padding: int = 0):
         self.channels = int(pre.input_size[0])
