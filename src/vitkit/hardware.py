@@ -36,6 +36,13 @@ Rules (a decision's `why` says which one applied):
                     (the matmul form measured 0.80x it for inference on the same machine).
   native_encoder    torch's fused encoder-layer kernel for bf16 inference: with native bf16 only (Zen 4:
                     1.07x); not measured elsewhere.
+  channels_last_training
+                    convolution weights in channels-last (NHWC) order for training, so oneDNN runs its NHWC
+                    kernels without reordering each call: decided on the model at hand, by timing its own
+                    training step in both orders (training/memory_format.py; cached per machine and model), since
+                    a conv block alone misleads: on a 2-core Zen 4 a bf16 Conv-BN-ReLU timed alone ran 0.57-0.78x
+                    in channels-last while whole training steps ran 1.13x (fashion-mnist-conv's conv-stem ViT)
+                    and 1.20x (ResNet-18 at 28 px). Off where measuring is off, as timm.
   onnx_runtime      ONNX Runtime (fp32) instead of eager for inference: not chosen on Zen 4, where bf16 eager
                     beats it (ViT-Ti batch 1: 124 vs 59 img/s; ViT-S batch 8: 63 vs 31); not measured on
                     other kinds (`vitkit bench --precisions fp32 --backends eager onnx` measures it).
@@ -79,7 +86,7 @@ from .errors import ConfigError
 from .timing import paired_ratio, paired_times
 
 DECISIONS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-             "matmul_attention_training", "native_encoder", "onnx_runtime")
+             "matmul_attention_training", "native_encoder", "channels_last_training", "onnx_runtime")
 # what `measure` times (CPU)
 MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
               "matmul_attention_training", "native_encoder")
@@ -242,6 +249,7 @@ class Decisions:
     matmul_attention: bool  # inference (no grad)
     matmul_attention_training: bool  # under grad (training: forward and backward)
     native_encoder: bool
+    channels_last_training: bool  # convolution weights (and so their outputs) in channels-last order in training
     onnx_runtime: bool
     why: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -317,6 +325,9 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
                                               caps, device),
         "matmul_attention_training": _native_bf16_rule("2-5x faster than SDPA's flash kernel", caps, device),
         "native_encoder": _native_bf16_rule("1.07x the module path", caps, device),
+        "channels_last_training": (False, "off where measuring is off: timm trains convolutions in NCHW; when "
+                                          "measuring, decided on each model's own training step (training/"
+                                          "memory_format.py)"),
         "onnx_runtime": _onnx_rule(caps, device),
     }
     ratios = (measured or {}).get("ratios", {})
@@ -596,6 +607,37 @@ def measure_and_cache(caps: Capabilities | None = None, rounds: int | None = Non
     return result
 
 
+def cached_model_ratio(what: str, signature: str, time_it, caps: Capabilities | None = None) -> tuple[float, bool]:
+    """A paired ratio measured on one model (`what`: the decision, `signature`: the model and its input), cached
+    beside this machine's fast-path entry (key: machine_key + what + signature). Returns (ratio, from_cache);
+    `time_it()` measures it where the cache has none. A cache that cannot be read or written means measuring
+    (kept in memory), never a failure."""
+    from ._files import atomic_write_text
+
+    key = f"{machine_key(caps or detect())} | {what} | {signature}"
+    if key in _MEASURED_IN_MEMORY:
+        return _MEASURED_IN_MEMORY[key]["ratio"], True
+    path = cache_file()
+    try:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+        found = cache.get(key) if isinstance(cache, dict) else None
+    except (OSError, ValueError):
+        cache, found = {}, None
+    if isinstance(found, dict) and isinstance(found.get("ratio"), (int, float)):
+        return float(found["ratio"]), True
+    entry = {"ratio": float(time_it()), "date": datetime.date.today().isoformat()}
+    try:
+        cache = cache if isinstance(cache, dict) else {}
+        atomic_write_text(path, json.dumps(cache | {key: entry}, indent=2) + "\n")
+    except OSError as e:
+        import sys
+
+        _MEASURED_IN_MEMORY[key] = entry
+        print(f"vitkit: note: could not cache the measurement ({getattr(e, 'strerror', None) or e}): kept for "
+              "this process only", file=sys.stderr, flush=True)
+    return entry["ratio"], False
+
+
 def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tuple[str, str | None]:
     """The training precision ("bf16" or "fp32") and a one-line note when it is not what was asked.
 
@@ -612,10 +654,11 @@ def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tup
     return ("bf16" if recipe_bf16 else "fp32"), None
 
 
-def apply_fast_paths(model: torch.nn.Module, decisions: Decisions) -> dict[str, int]:
+def apply_fast_paths(model: torch.nn.Module, decisions: Decisions, *, training: bool = False) -> dict[str, int]:
     """Set each module's fast-path switch to the decision, where the module has that switch:
     `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`
-    (linear layers).
+    (linear layers). `training` (a model about to be trained, before its optimiser is made): the convolutions'
+    weights also take the order `channels_last_training` decided (counted as "channels_last").
     Returns how many modules each switch was set on."""
     switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
                 "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear,
@@ -626,4 +669,11 @@ def apply_fast_paths(model: torch.nn.Module, decisions: Decisions) -> dict[str, 
             if isinstance(getattr(module, attr, None), bool):
                 setattr(module, attr, on)
                 counts[attr] += 1
+    if training:
+        order = torch.channels_last if decisions.channels_last_training else torch.contiguous_format
+        counts["channels_last"] = 0
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.to(memory_format=order)  # in place: the parameters stay the same objects
+                counts["channels_last"] += int(decisions.channels_last_training)
     return counts

@@ -20,7 +20,7 @@ from ..data.transforms import collate
 from ..errors import ConfigError
 from ..hardware import apply_fast_paths, choose_precision, this_machine
 from ..runtime import torch_threads
-from . import flexi, token_budget
+from . import flexi, memory_format, token_budget
 from . import models as model_io
 from .budget import RunLength
 from .build import build_run, model_name
@@ -69,7 +69,12 @@ class Trainer:
         self.task = make_task(r, model, num_classes=self.data.num_classes, device=self.device).to(self.device)
         flexi.check(model, self.task, r.flexi_patch_sizes)
         token_budget.check(model, self.task, r)
-        apply_fast_paths(self.task, self.decisions)  # the switches every trainable layer has, set for this machine
+        # the convolutions' weight order, timed on this task where it has convolutions (memory_format.py)
+        self.decisions = memory_format.decide(self.task, self.train_set, self.decisions, bf16=r.bf16,
+                                              batch_size=max(1, r.batch_size // r.accum_steps // self.d.world),
+                                              device=self.device, world=self.d.world, collate=collate)
+        # the switches every trainable layer has, set for this machine, and that order
+        apply_fast_paths(self.task, self.decisions, training=True)
         if r.compile:
             model.compile()  # in place: the state dict keeps its keys
         self.net = self.strategy.wrap(self.task)  # the optimiser is built on what the strategy made of it
