@@ -10,7 +10,7 @@ import time
 import torch
 
 from vitkit.data.transforms import collate
-from vitkit.training import memory_format
+from vitkit.hardware import set_conv_order
 from vitkit.training.recipes import PRESETS
 from vitkit.training.trainer import Trainer
 
@@ -27,7 +27,7 @@ nets = {}
 for v in variants:
     task = copy.deepcopy(tr.task)
     # the trainer's setup may have set channels-last already (its measured decision): each variant sets its own
-    memory_format.set_order(task, "cl" in v.split("+") or "clx" in v.split("+"))
+    set_conv_order(task, "cl" in v.split("+") or "clx" in v.split("+"))
     if "compile" in v.split("+"):
         for m in task.modules():
             if hasattr(m, "forward_features"):

@@ -67,7 +67,7 @@ def test_timing_both_orders_leaves_the_task_as_it_found_it(trainer):
     task.eval()
     with torch.no_grad():
         nchw = task(batch)["loss"].item()
-        memory_format.set_order(task, True)
+        hardware.set_conv_order(task, True)
         assert all(_is_channels_last(w) for w in _conv_weights(task))
         nhwc = task(batch)["loss"].item()
     assert nhwc == pytest.approx(nchw, rel=1e-5, abs=1e-6)

@@ -670,10 +670,16 @@ def apply_fast_paths(model: torch.nn.Module, decisions: Decisions, *, training: 
                 setattr(module, attr, on)
                 counts[attr] += 1
     if training:
-        order = torch.channels_last if decisions.channels_last_training else torch.contiguous_format
-        counts["channels_last"] = 0
-        for module in model.modules():
-            if isinstance(module, torch.nn.Conv2d):
-                module.to(memory_format=order)  # in place: the parameters stay the same objects
-                counts["channels_last"] += int(decisions.channels_last_training)
+        convs = set_conv_order(model, decisions.channels_last_training)
+        counts["channels_last"] = convs if decisions.channels_last_training else 0
     return counts
+
+
+def set_conv_order(model: torch.nn.Module, channels_last: bool) -> int:
+    """Every Conv2d's weight in channels-last or NCHW order, in place (the parameters stay the same objects, so
+    an optimiser made before still holds them). Returns how many convolutions there are."""
+    order = torch.channels_last if channels_last else torch.contiguous_format
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    for m in convs:
+        m.to(memory_format=order)
+    return len(convs)

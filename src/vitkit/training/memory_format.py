@@ -20,7 +20,16 @@ import time
 import torch
 from torch import nn
 
-from ..hardware import ENV_OVERRIDE, MEASURED_WIN, Decisions, cached_model_ratio, measuring, parse_overrides
+from ..hardware import (
+    ENV_OVERRIDE,
+    MEASURED_WIN,
+    Decisions,
+    cached_model_ratio,
+    measuring,
+    parse_overrides,
+    set_conv_order,
+)
+from ..timing import paired_ratio
 
 DECISION = "channels_last_training"
 WARMUP = 1  # untimed passes per order (first-call allocation, oneDNN's primitive creation)
@@ -30,14 +39,6 @@ SLOW_S = 1.5
 
 def has_convolutions(module: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in module.modules())
-
-
-def set_order(module: nn.Module, channels_last: bool) -> None:
-    """Every Conv2d's weight in channels-last or NCHW order, in place (the parameters stay the same objects)."""
-    order = torch.channels_last if channels_last else torch.contiguous_format
-    for m in module.modules():
-        if isinstance(m, nn.Conv2d):
-            m.to(memory_format=order)
 
 
 def signature(task: nn.Module, batch: tuple, bf16: bool) -> str:
@@ -56,7 +57,7 @@ def time_orders(task: nn.Module, batch: tuple) -> float:
     times: dict[bool, list[float]] = {False: [], True: []}
 
     def one(channels_last: bool) -> float:
-        set_order(task, channels_last)
+        set_conv_order(task, channels_last)  # untimed: the weights' copy is not part of a step
         t0 = time.perf_counter()
         task(batch)["loss"].backward()
         dt = time.perf_counter() - t0
@@ -70,15 +71,15 @@ def time_orders(task: nn.Module, batch: tuple) -> float:
             for cl in ((False, True) if r % 2 == 0 else (True, False)):
                 times[cl].append(one(cl))
     finally:
-        set_order(task, False)
+        set_conv_order(task, False)
         task.load_state_dict(state)
         torch.set_rng_state(rng)
         task.train(was_training)
-    return sorted(a / b for a, b in zip(times[False], times[True]))[len(times[False]) // 2]
+    return paired_ratio(times[False], times[True])
 
 
 def decide(task: nn.Module, train_set, decisions: Decisions, *, batch_size: int, bf16: bool, device: torch.device,
-           world: int = 1, collate=None) -> Decisions:
+           collate, world: int = 1) -> Decisions:
     """`decisions` with channels_last_training decided for this task: $VITKIT_FAST_PATHS where it names the path;
     off without convolutions, where measuring is off, on CUDA or with more than one process (every rank must
     hold the same order, and one timing per rank could disagree); else measured (cached)."""
@@ -89,9 +90,10 @@ def decide(task: nn.Module, train_set, decisions: Decisions, *, batch_size: int,
         return decisions
     if not has_convolutions(task):
         return with_(False, "no convolutions in this model")
-    if not measuring() or device.type != "cpu" or world > 1:
-        why = ("measuring is off" if not measuring() else "CUDA" if device.type != "cpu" else f"{world} processes")
-        return with_(False, f"{why}: timm's order (NCHW)")
+    off = ("measuring is off" if not measuring() else "CUDA" if device.type != "cpu"
+           else f"{world} processes" if world > 1 else None)
+    if off:
+        return with_(False, f"{off}: timm's order (NCHW)")
     n = min(batch_size, len(train_set))
     batch = collate([train_set[i] for i in range(n)])
     sig = signature(task, batch, bf16)
