@@ -89,3 +89,15 @@ def test_detector_trains_under_ddp_as_in_one_process(tmp_path):
                           "ema=false", "warmup_epochs=0", "drop_path_rate=0", "task.dim=32", "eval_subset=16",
                           "eval_batch_size=200") for a in ("--set", kv)], "--quiet"]
     _one_process_and_two_agree(det, tmp_path, "detection_head.safetensors")
+
+
+@pytest.mark.parametrize("argv, rc, said", [(["train", "--recipe", "no-such-recipe"], 2, "no-such-recipe"),
+                                            (["models", "--json", "vit_base_patch16_224"], 0, "vit_base_patch16_224")])
+def test_a_torchrun_worker_exits_with_its_code_and_output(argv, rc, said):
+    # a worker (WORLD_SIZE > 1) leaves without finalizing the interpreter (cli/main.py says why): its exit code
+    # and what it printed to a pipe still come out
+    env = dict(os.environ, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0")
+    proc = subprocess.run([sys.executable, "-m", "vitkit", *argv], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == rc, proc.stderr[-2000:]
+    assert said in proc.stdout + proc.stderr

@@ -40,6 +40,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command (`argv`, or the process's own arguments as the `vitkit` program) and return its exit code."""
+    rc = _run(argv)
+    if argv is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _exit_without_finalizing(rc)
+    return rc
+
+
+def _exit_without_finalizing(rc: int) -> None:
+    """End a torchrun worker here, its files written and its process group destroyed, before the interpreter
+    shuts down. Gloo's worker threads free finished collectives asynchronously; the last ones hold tensors whose
+    release takes the GIL, and a thread that asks for the GIL while the interpreter is finalizing aborts the
+    process (SIGABRT, "terminate called without an active exception": the core dump of a `vitkit train
+    --strategy fsdp` rank showed ProcessGroupGloo::runLoop freeing an all-gather from inside
+    Py_FinalizeEx). destroy_process_group does not stop those threads while DTensor's caches still hold the
+    mesh, so the only safe end is not to finalize: flush what is buffered and leave."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed (`| head`)
+            pass
+    os._exit(rc)
+
+
+def _run(argv: list[str] | None) -> int:
     from ..weights.notes import reset
 
     reset()  # each command says each note once
