@@ -400,18 +400,42 @@ def this_machines_measurement(caps: Capabilities) -> dict | None:
         return cached
     print(f"vitkit: timing this machine's fast paths once (a few seconds; cached in {cache_file()}; "
           f"`vitkit doctor` shows them, {ENV_MEASURE}=0 skips this)", file=sys.stderr, flush=True)
+    result = measure(measure_rounds())
     try:
-        return measure_and_cache(caps, measure_rounds())
-    except OSError as e:
-        result = _MEASURED_IN_MEMORY[key] = measure(measure_rounds())
-        print(f"vitkit: note: could not cache the measurement ({getattr(e, 'strerror', None) or e}): kept for "
-              "this process only", file=sys.stderr, flush=True)
-        return result
+        _write_entry(key, result)
+    except OSError as e:  # measured once: kept for this process, not timed again
+        _MEASURED_IN_MEMORY[key] = result
+        _note_kept_in_memory(e)
+    return result
+
+
+def _note_kept_in_memory(e: OSError) -> None:
+    import sys
+
+    print(f"vitkit: note: could not cache the measurement ({getattr(e, 'strerror', None) or e}): kept for "
+          "this process only", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- the one-time micro-benchmark
 def cache_file() -> Path:
     return Path(os.environ.get("VITKIT_CACHE") or Path.home() / ".cache" / "vitkit") / "fast-paths.json"
+
+
+def _read_cache() -> dict:
+    """The cache file's entries by key: {} where there is no file, or it cannot be read, or is not a JSON object."""
+    try:
+        cache = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def _write_entry(key: str, entry: dict) -> None:
+    """`entry` under `key`, beside the cache's other entries (an unreadable cache is replaced), written
+    atomically; OSError where the file cannot be written."""
+    from ._files import atomic_write_text
+
+    atomic_write_text(cache_file(), json.dumps(_read_cache() | {key: entry}, indent=2) + "\n")
 
 
 def _version(dist: str) -> str:
@@ -443,10 +467,7 @@ def machine_key(caps: Capabilities) -> str:
 def cached_measurement(caps: Capabilities) -> dict | None:
     """This machine's cached `measure` result, or None (no cache, another fingerprint, an unreadable file, an
     entry made by another METHOD)."""
-    try:
-        found = json.loads(cache_file().read_text()).get(machine_key(caps))
-    except (OSError, ValueError, AttributeError):
-        return None
+    found = _read_cache().get(machine_key(caps))
     if not (isinstance(found, dict) and isinstance(found.get("ratios"), dict)) or found.get("method") != METHOD:
         return None  # not a measurement, or one made by another method (METHOD): measured again
     # a measurement from before a path was measurable is measured again, rather than deciding it by the rule
@@ -593,17 +614,9 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
 
 def measure_and_cache(caps: Capabilities | None = None, rounds: int | None = None) -> dict:
     """`measure` and store the result for this machine in `cache_file()` (written atomically)."""
-    from ._files import atomic_write_text
-
     caps = caps or detect()
     result = measure(rounds or measure_rounds())
-    path = cache_file()
-    try:
-        cache = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        cache = {}  # an unreadable cache is replaced
-    cache[machine_key(caps)] = result
-    atomic_write_text(path, json.dumps(cache, indent=2) + "\n")
+    _write_entry(machine_key(caps), result)
     return result
 
 
@@ -612,29 +625,18 @@ def cached_model_ratio(what: str, signature: str, time_it, caps: Capabilities | 
     beside this machine's fast-path entry (key: machine_key + what + signature). Returns (ratio, from_cache);
     `time_it()` measures it where the cache has none. A cache that cannot be read or written means measuring
     (kept in memory), never a failure."""
-    from ._files import atomic_write_text
-
     key = f"{machine_key(caps or detect())} | {what} | {signature}"
     if key in _MEASURED_IN_MEMORY:
         return _MEASURED_IN_MEMORY[key]["ratio"], True
-    path = cache_file()
-    try:
-        cache = json.loads(path.read_text()) if path.exists() else {}
-        found = cache.get(key) if isinstance(cache, dict) else None
-    except (OSError, ValueError):
-        cache, found = {}, None
+    found = _read_cache().get(key)
     if isinstance(found, dict) and isinstance(found.get("ratio"), (int, float)):
         return float(found["ratio"]), True
     entry = {"ratio": float(time_it()), "date": datetime.date.today().isoformat()}
     try:
-        cache = cache if isinstance(cache, dict) else {}
-        atomic_write_text(path, json.dumps(cache | {key: entry}, indent=2) + "\n")
+        _write_entry(key, entry)
     except OSError as e:
-        import sys
-
         _MEASURED_IN_MEMORY[key] = entry
-        print(f"vitkit: note: could not cache the measurement ({getattr(e, 'strerror', None) or e}): kept for "
-              "this process only", file=sys.stderr, flush=True)
+        _note_kept_in_memory(e)
     return entry["ratio"], False
 
 
