@@ -164,6 +164,32 @@ def test_auto_backend_measured_once_and_cached(tmp_path, monkeypatch):
     assert set(feature_entry["seconds_per_batch"]) == {"torch", "openvino"}
 
 
+def test_a_batch_split_across_streams_gives_the_one_stream_outputs_in_order(pico_ir):
+    one = OpenVinoRunner(pico_ir, threads=2)
+    two = vitkit.runner(pico_ir, backend="openvino", precision="fp32", threads=2, streams=2)
+    assert two.streams == 2 and "streams=2" in repr(two)
+    for b in (1, 2, 5):  # 5: slices of 3 and 2, put back in order
+        x = batch_for(two, b, seed=b)
+        assert torch.allclose(two(x), one(x), atol=1e-5), b
+    with pytest.raises(ConfigError, match="between 1 and the thread count"):
+        OpenVinoRunner(pico_ir, threads=2, streams=3)
+    with pytest.raises(ConfigError, match="OpenVINO's streams"):
+        vitkit.runner(vitkit.create_model("vit_pico_patch2_8"), backend="torch", streams=2)
+
+
+def test_auto_times_openvino_split_across_streams_where_the_batch_and_threads_allow(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITKIT_MEASURE", "1")
+    model = vitkit.create_model("vit_pico_patch2_8")
+    run = vitkit.runner(model, precision="fp32", batch_size=4, threads=2)
+    (entry,) = json.loads((tmp_path / "cache" / "runtimes.json").read_text()).values()
+    assert set(entry["seconds_per_batch"]) == {"torch", "openvino", "openvino x2", "onnx"}
+    assert (run.backend, run.streams) == {"torch": ("torch", 1), "onnx": ("onnx", 1), "openvino": ("openvino", 1),
+                                          "openvino x2": ("openvino", 2)}[entry["backend"]]
+    x = batch_for(model, 4)
+    with torch.no_grad():
+        assert float((run(x) - model.eval()(x)).abs().max()) <= 1e-4
+
+
 def test_export_metadata_and_folder_is_written_whole(tmp_path):
     torch.manual_seed(0)
     model = vitkit.create_model("vit_pico_patch2_8")

@@ -219,7 +219,8 @@ def runner_fn(model, x, precision: str) -> tuple[Callable[[], Any], str]:
 
     run = runner(copy.deepcopy(model).eval(), backend="auto", precision="fp32" if precision == "fp32" else "bf16",
                  batch_size=x.shape[0])
-    return (lambda: run(x)), f"{run.backend}/{run.precision}"
+    streams = f" x{run.streams}" if run.streams > 1 else ""  # OpenVINO with the batch split across streams
+    return (lambda: run(x)), f"{run.backend}{streams}/{run.precision}"
 
 
 def train_fn(model, x, y, precision: str, backend: str, fused_adamw: bool) -> Callable[[], None]:

@@ -7,7 +7,8 @@ Backends: torch (eager), compile (torch.compile), onnx (ONNX Runtime: an .onnx f
 on first use), openvino (an IR folder, or the model converted on first use and cached by content hash; see
 export/openvino.py). `features=True` gives the pooled features [B, D] instead of the logits.
 
-"auto" picks the fastest of torch, OpenVINO and ONNX Runtime (those installed; ONNX Runtime only for logits and
+"auto" picks the fastest of torch, OpenVINO (one stream, and where the batch and threads allow, a stream per
+thread each running a slice of the batch) and ONNX Runtime (those installed; ONNX Runtime only for logits and
 where fp32 is allowed: it has no bf16) for the batch size at hand by a short paired measurement (vitkit.timing),
 cached per machine (hardware.machine_key plus the OpenVINO version) and model in $VITKIT_CACHE/runtimes.json;
 with VITKIT_MEASURE=0 it is torch. A corrupt or unwritable cache means measuring again, never a crash. Precision
@@ -39,8 +40,9 @@ class Runner(InferenceOnly):
 
     untrainable = "a runner is for inference: train the model itself"
 
-    def __init__(self, call: Callable, backend: str, precision: str, source: Any, features: bool):
+    def __init__(self, call: Callable, backend: str, precision: str, source: Any, features: bool, streams: int = 1):
         self._call, self.backend, self.precision, self.features = call, backend, precision, features
+        self.streams = streams  # OpenVINO's streams a batch is split across (1 elsewhere)
         for name in ("preprocess", "class_names", "num_classes", "cfg", "provenance", "family", "num_features"):
             setattr(self, name, getattr(source, name, None))
         self.provenance = dict(self.provenance or {})
@@ -53,15 +55,17 @@ class Runner(InferenceOnly):
         return out.float() if as_tensor else out.float().numpy()
 
     def __repr__(self) -> str:
-        return f"Runner(backend={self.backend!r}, precision={self.precision!r}, features={self.features})"
+        return (f"Runner(backend={self.backend!r}, precision={self.precision!r}, features={self.features}"
+                + (f", streams={self.streams})" if self.streams > 1 else ")"))
 
 
 def runner(model_or_path, backend: str = "auto", precision: str = "auto", *, features: bool = False,
-           batch_size: int = 8, threads: int | None = None) -> Runner:
+           batch_size: int = 8, threads: int | None = None, streams: int = 1) -> Runner:
     """A Runner for a model, a checkpoint (anything `load_model` reads), an .onnx file or an OpenVINO IR folder.
 
     `backend`: auto | torch | compile | onnx | openvino; `precision`: auto | fp32 | bf16 (bf16 where the
-    backend has it: torch, compile, openvino). `batch_size`: the batch "auto" measures at."""
+    backend has it: torch, compile, openvino). `batch_size`: the batch "auto" measures at. `streams`: OpenVINO
+    streams a batch is split across (1: OpenVINO's LATENCY hint); "auto" measures 1 against one per thread."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if precision not in PRECISIONS:
@@ -71,11 +75,11 @@ def runner(model_or_path, backend: str = "auto", precision: str = "auto", *, fea
         raise ConfigError(f"{model_or_path} is an exported {exported} model: it runs with backend {exported}, "
                           f"not {backend}")
     if exported:
-        return _build(model_or_path, exported, _precision(precision, exported), features, threads)
+        return _build(model_or_path, exported, _precision(precision, exported), features, threads, streams)
     model = _load(model_or_path)
     if backend == "auto":
-        backend = _auto_backend(model, precision, features, batch_size, threads)
-    return _build(model, backend, _precision(precision, backend), features, threads)
+        backend, streams = _auto_backend(model, precision, features, batch_size, threads)
+    return _build(model, backend, _precision(precision, backend), features, threads, streams)
 
 
 def _exported_backend(source) -> str | None:
@@ -109,17 +113,19 @@ def _precision(asked: str, backend: str) -> str:
     return asked
 
 
-def _build(source, backend: str, precision: str, features: bool, threads: int | None) -> Runner:
+def _build(source, backend: str, precision: str, features: bool, threads: int | None, streams: int = 1) -> Runner:
+    if streams != 1 and backend != "openvino":
+        raise ConfigError(f"streams split a batch across OpenVINO's streams: backend {backend} runs one")
     if backend == "openvino":
         from .openvino import OpenVinoRunner, check_precision, converted
 
         check_precision(precision)  # before converting: bf16 on a CPU without it is refused at once
         folder = source if _exported_backend(source) else converted(source, "features" if features else "logits")
-        ov = OpenVinoRunner(folder, precision=precision, threads=threads)
+        ov = OpenVinoRunner(folder, precision=precision, threads=threads, streams=streams)
         if (ov.output == "features") != features:
             raise ConfigError(f"{folder} gives {ov.output}, not {'features' if features else 'logits'}: export it "
                               f"{'with' if features else 'without'} features, or give the checkpoint")
-        return Runner(ov, backend, precision, ov, features)
+        return Runner(ov, backend, precision, ov, features, streams)
     if backend == "onnx":
         from .onnx import OnnxRunner, export_onnx
 
@@ -162,16 +168,30 @@ def _cache_file() -> Path:
     return cache_file().parent / "runtimes.json"
 
 
-def _auto_backend(model, precision: str, features: bool, batch_size: int, threads: int | None) -> str:
-    """The fastest of AUTO_CANDIDATES for this model at this batch size on this machine, measured once."""
+def _auto_candidates(precision: str, features: bool, batch_size: int, threads: int | None) -> dict[str, tuple[str, int]]:
+    """What "auto" times, by name: {name: (backend, streams)}. Each of AUTO_CANDIDATES that can run, and OpenVINO
+    a second time with one stream per thread ("openvino x2") where the batch can be split that far."""
+    out: dict[str, tuple[str, int]] = {}
+    split = min(batch_size, int(threads or torch.get_num_threads()))
+    for b in AUTO_CANDIDATES:
+        if _can_run(b, precision, features):
+            out[b] = (b, 1)
+            if b == "openvino" and split > 1:
+                out[f"openvino x{split}"] = (b, split)
+    return out
+
+
+def _auto_backend(model, precision: str, features: bool, batch_size: int, threads: int | None) -> tuple[str, int]:
+    """(backend, streams): the fastest of `_auto_candidates` for this model at this batch size on this machine,
+    measured once."""
     from ..hardware import ENV_MEASURE, detect, machine_key
 
-    candidates = [b for b in AUTO_CANDIDATES if _can_run(b, precision, features)]
+    candidates = _auto_candidates(precision, features, batch_size, threads)
     if os.environ.get(ENV_MEASURE, "1") == "0" or len(candidates) == 1:
-        return "torch"
+        return "torch", 1
     from .openvino import model_digest, openvino_version
 
-    chosen = {b: _precision(precision, b) for b in candidates}
+    chosen = {name: _precision(precision, b) for name, (b, _) in candidates.items()}
     key = " | ".join([machine_key(detect()), f"openvino {openvino_version()}", model_digest(model),
                       f"batch {batch_size}", "features" if features else "logits",
                       ",".join(f"{b}:{p}" for b, p in chosen.items())])
@@ -182,14 +202,15 @@ def _auto_backend(model, precision: str, features: bool, batch_size: int, thread
     except (OSError, ValueError):
         cache = {}  # an unreadable cache: measure again, and replace it
     if cache.get(key, {}).get("backend") in candidates:
-        return cache[key]["backend"]
+        return candidates[cache[key]["backend"]]
     from ..timing import paired_times
     from ..weights.notes import note_once
 
     note_once(f"timing {' vs '.join(candidates)} once for this model at batch {batch_size} (cached in {path})")
     C, (H, W) = model.cfg.in_chans, model.cfg.img_size
     x = torch.randn(batch_size, C, H, W, generator=torch.Generator().manual_seed(0))
-    runs = {b: _build(model, b, chosen[b], features, threads) for b in candidates}
+    runs = {name: _build(model, b, chosen[name], features, threads, streams)
+            for name, (b, streams) in candidates.items()}
     times = paired_times({b: (lambda r=r: r(x)) for b, r in runs.items()}, warmup=2, repeats=5)
     medians = {b: sorted(t)[len(t) // 2] for b, t in times.items()}
     best = min(medians, key=medians.get)
@@ -198,7 +219,7 @@ def _auto_backend(model, precision: str, features: bool, batch_size: int, thread
         from .._files import atomic_write_text
 
         atomic_write_text(path, json.dumps(cache, indent=2) + "\n")
-    return best
+    return candidates[best]
 
 
 def _can_run(backend: str, precision: str, features: bool) -> bool:
