@@ -11,7 +11,7 @@ Per (model, batch, precision), timed round-robin by vitkit.timing in one run, no
           (what vitkit.runner's "auto" also times; batches of 1 and one thread have nothing to split).
 `vitkit bench` times these two among six cases a round; this separates the runner's own cost from the spread of
 a crowded round. Random weights (the speed does not depend on them); bf16 only where the CPU has native bf16.
-Writes benchmarks/results/openvino-runner.{md,json}.
+Writes benchmarks/results/openvino-runner.{md,json} (`--out` names another stem).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ def main(argv: list[str]) -> str:
     ap.add_argument("--precisions", nargs="+", default=["bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="openvino-runner", help="results file stem under benchmarks/results/")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> str:
                              f"{ratio['runner']:.2f}x | {tail} |")
                 print(table[-1], flush=True)
     command = "python benchmarks/openvino_runner.py " + " ".join(argv)
-    return write_results("openvino-runner", command.strip(), caps, table, rows)
+    return write_results(args.out, command.strip(), caps, table, rows)
 
 
 if __name__ == "__main__":

@@ -40,9 +40,9 @@ class Runner(InferenceOnly):
 
     untrainable = "a runner is for inference: train the model itself"
 
-    def __init__(self, call: Callable, backend: str, precision: str, source: Any, features: bool, streams: int = 1):
+    def __init__(self, call: Callable, backend: str, precision: str, source: Any, features: bool):
         self._call, self.backend, self.precision, self.features = call, backend, precision, features
-        self.streams = streams  # OpenVINO's streams a batch is split across (1 elsewhere)
+        self.streams = getattr(call, "streams", 1)  # OpenVINO's streams a batch is split across (1 elsewhere)
         for name in ("preprocess", "class_names", "num_classes", "cfg", "provenance", "family", "num_features"):
             setattr(self, name, getattr(source, name, None))
         self.provenance = dict(self.provenance or {})
@@ -125,7 +125,7 @@ def _build(source, backend: str, precision: str, features: bool, threads: int | 
         if (ov.output == "features") != features:
             raise ConfigError(f"{folder} gives {ov.output}, not {'features' if features else 'logits'}: export it "
                               f"{'with' if features else 'without'} features, or give the checkpoint")
-        return Runner(ov, backend, precision, ov, features, streams)
+        return Runner(ov, backend, precision, ov, features)
     if backend == "onnx":
         from .onnx import OnnxRunner, export_onnx
 
