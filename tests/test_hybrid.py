@@ -209,7 +209,8 @@ def test_npz_export_refuses_a_batchnorm_stem(tmp_path):
 
 
 # ---------------------------------------------------------------------------- cost, errors, adaptation
-@pytest.mark.parametrize("name", ["vit_tiny_r_s16_p8_224", "vit_small_r26_s32_224", "vit_tiny_conv_28"])
+@pytest.mark.parametrize("name", ["vit_tiny_r_s16_p8_224", "vit_small_r26_s32_224", "vit_tiny_conv_28",
+                                  "vit_tiny_conv3_28"])
 def test_cost_counts_the_stem(name):
     """`vitkit cost` / `vitkit models` count the CNN stem: its parameters are the module's, its MACs those of
     every convolution on a real run (counted here by hand: output elements x input channels x kernel area)."""
@@ -274,3 +275,28 @@ def test_small_image_hybrid_trains_on_digits(tmp_path, capsys):
     assert model.cfg.embed_layer == "conv_small" and model.patch_embed.grid_size == (7, 7)
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert len(steps) >= 3 and all(np.isfinite(s["loss"]) for s in steps if "loss" in s)
+
+
+@pytest.mark.parametrize("name, embed, convs", [("vit_tiny_conv_28", "conv_small", 2),
+                                                ("vit_tiny_conv3_28", "conv_small3", 3)])
+def test_small_conv_stems_are_told_apart_by_their_keys(tmp_path, name, embed, convs):
+    """A bare state dict (no config) of either small stem loads as that stem: the conv count is the signature
+    (a third `backbone.2.conv` once read as MobileCLIP's stem, which has no separate projection)."""
+    ours = perturb_all(vitkit.create_model(name, depth=1).eval())  # ViT-Ti width: 3 heads, as read off the keys
+    assert sum(isinstance(m, torch.nn.Conv2d) for m in ours.patch_embed.backbone.modules()) == convs
+    path = tmp_path / "bare.safetensors"
+    save_file({k: v.contiguous() for k, v in ours.state_dict().items()}, str(path))
+    loaded = vitkit.load_model(path).eval()
+    assert loaded.cfg.embed_layer == embed and loaded.patch_embed.grid_size == (7, 7)
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), ours(x))
+
+
+def test_a_small_conv_stem_of_unregistered_depth_is_named(tmp_path):
+    sd = vitkit.create_model("vit_tiny_conv3_28", depth=1, embed_dim=32, num_heads=2).state_dict()
+    sd["patch_embed.backbone.3.conv.weight"] = sd["patch_embed.backbone.2.conv.weight"].clone()  # a fourth conv
+    path = tmp_path / "four.safetensors"
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    with pytest.raises(CheckpointError, match=r"conv-small stem with stages \(4,\) is not a registered stem"):
+        vitkit.load_model(path)

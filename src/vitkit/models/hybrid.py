@@ -20,6 +20,7 @@ from ..layers.hybrid_embed import (
     ResNetV2R50Embed,
     ResNetV2R50S16Embed,
     ResNetV2StemEmbed,
+    SmallConvStem3Embed,
     SmallConvStemEmbed,
 )
 from .config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, ViTConfig
@@ -37,6 +38,7 @@ HYBRID_EMBEDS = {
     "resnet50d_s16": ResNet50DS16Embed,  # stride 16, 1024
     "mobileclip_stem": MobileClipStemEmbed,  # stride 16, D (no separate projection)
     "conv_small": SmallConvStemEmbed,  # stride 2, D/2
+    "conv_small3": SmallConvStem3Embed,  # the same with a third conv
 }
 for _name, _cls in HYBRID_EMBEDS.items():
     register_layer("embed", _name)(_cls)
@@ -78,10 +80,11 @@ def _register() -> None:
          notes="MobileCLIP-B image tower (apple-amlr licence for the weights)")
     # Small images: a conv stem before 2x2 patches on its stride-2 map (patch_size 4 in pixels, 7x7 / 8x8 tokens)
     for res, chans, data in ((28, 1, "(Fashion-)MNIST"), (32, 3, "CIFAR-like")):
-        _add(f"vit_tiny_conv_{res}", "conv_small", 4, dict(embed_dim=192, depth=6, num_heads=3), img_size=res,
-             in_chans=chans, num_classes=10, group="small-images", mean=(0.5,) * chans, std=(0.5,) * chans,
-             crop_pct=1.0, interpolation="bilinear",
-             notes=f"for {res}x{res} {data}: two 3x3 conv layers (stride 2) before 2x2 patches")
+        for name, embed, convs in (("conv", "conv_small", "two"), ("conv3", "conv_small3", "three")):
+            _add(f"vit_tiny_{name}_{res}", embed, 4, dict(embed_dim=192, depth=6, num_heads=3), img_size=res,
+                 in_chans=chans, num_classes=10, group="small-images", mean=(0.5,) * chans, std=(0.5,) * chans,
+                 crop_pct=1.0, interpolation="bilinear",
+                 notes=f"for {res}x{res} {data}: {convs} 3x3 conv layers (the first at stride 2) before 2x2 patches")
 
 
 _register()

@@ -30,7 +30,8 @@ _STEMS: dict[tuple[str, tuple[int, ...]], tuple[str, int]] = {
     ("resnet-d", (3, 4, 6, 3)): ("resnet50d", 32),
     ("resnet-d", (3, 4, 6)): ("resnet50d_s16", 16),
     ("mobileclip", ()): ("mobileclip_stem", 16),
-    ("conv-small", ()): ("conv_small", 2),
+    ("conv-small", (2,)): ("conv_small", 2),  # the small stems' "depth" is their conv count
+    ("conv-small", (3,)): ("conv_small3", 2),
 }
 
 
@@ -54,10 +55,11 @@ def stem_of(sd: StateDict) -> tuple[str, str, int]:
     elif f"{b}conv1.0.weight" in sd:
         kind, first = "resnet-d", f"{b}conv1.0.weight"
         depths = _depths(sd, re.escape(b) + r"layer(\d+)\.(\d+)\.")
-    elif f"{b}0.conv.weight" in sd and f"{b}2.conv.weight" in sd:
+    elif f"{b}0.conv.weight" in sd and "patch_embed.proj.weight" not in sd:  # its last conv is the projection
         kind, first, depths = "mobileclip", f"{b}0.conv.weight", ()
     elif f"{b}0.conv.weight" in sd and f"{b}1.conv.weight" in sd:
-        kind, first, depths = "conv-small", f"{b}0.conv.weight", ()
+        kind, first = "conv-small", f"{b}0.conv.weight"
+        depths = (sum(1 for k in sd if re.fullmatch(re.escape(b) + r"\d+\.conv\.weight", k)),)
     else:
         sample = ", ".join(sorted(k for k in sd if k.startswith(b))[:4])
         raise CheckpointError(f"hybrid checkpoint with an unknown CNN stem (keys {sample}); known: ResNetV2 (R26, "
