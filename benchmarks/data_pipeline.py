@@ -3,9 +3,10 @@ against the model's training step, both in images per second, on this machine; t
 recipe has a batched form (data.transforms.batched_train_transform: in-memory images at the input size), per
 image (torchvision transforms v2 on each image) and batched (one call a batch), as `vitkit train` builds it.
 
-Usage: python benchmarks/data_pipeline.py [--recipe fashion-mnist] [--batches 20] [--workers N]
-Writes benchmarks/results/data-pipeline-RECIPE.{md,json}. A loader/model ratio below 1 means training waits
-for data (raise the recipe's `workers`).
+Usage: python benchmarks/data_pipeline.py [--recipe fashion-mnist] [--set KEY=VALUE ...] [--batches 20]
+       [--workers N] [--out STEM]
+Writes benchmarks/results/data-pipeline-RECIPE.{md,json} (`--out` names another stem). A loader/model ratio below
+1 means training waits for data (raise the recipe's `workers`).
 """
 from __future__ import annotations
 
@@ -31,13 +32,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="fashion-mnist")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe override, as `vitkit train --set` (e.g. reprob=0.25)")
+    p.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: the recipe's)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    r = get_recipe(args.recipe)
+    r = get_recipe(args.recipe).override(args.sets)
     workers = r.workers if args.workers is None else args.workers
     model = build_vitkit(f"recipe:{args.recipe}").train()
     data = load_data(r.data, seed=r.seed, channels=model.cfg.in_chans)
@@ -76,19 +80,21 @@ def main() -> int:
 
     command = " ".join(["python", "benchmarks/data_pipeline.py", *sys.argv[1:]])
     res = {"command": command, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "machine": machine_info(), "recipe": args.recipe, "batch_size": r.batch_size, "workers": workers,
+           "machine": machine_info(), "recipe": args.recipe, "overrides": args.sets, "batch_size": r.batch_size, "workers": workers,
            "bf16": r.bf16, "loader_img_per_s": forms, "train_step_img_per_s": model_rate,
            "loader_over_model": {k: v / model_rate for k, v in forms.items()}}
     m = res["machine"]
+    label = " ".join([args.recipe, *args.sets])
     lines = [f"Command: `{command}`  ", f"Date: {res['date']}  ",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads)", "",
              "| recipe | batch | workers | loader form | loader img/s | train step img/s | loader / model |",
              "|---|---:|---:|---|---:|---:|---:|",
-             *(f"| {args.recipe} | {r.batch_size} | {workers} | {form} | {rate:,.0f} | {model_rate:,.0f} | "
+             *(f"| {label} | {r.batch_size} | {workers} | {form} | {rate:,.0f} | {model_rate:,.0f} | "
                f"{rate / model_rate:.2f} |" for form, rate in forms.items()), ""]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"data-pipeline-{args.recipe}.md").write_text("\n".join(lines))
-    (RESULTS / f"data-pipeline-{args.recipe}.json").write_text(json.dumps(res, indent=2) + "\n")
+    stem = args.out or f"data-pipeline-{args.recipe}"
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines))
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
     print("\n".join(lines))
     return 0
 

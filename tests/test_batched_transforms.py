@@ -1,7 +1,8 @@
 """The batched train / eval pipelines (data.transforms.BatchedTransform) on real images (scikit-learn's digits,
 8x8 gray, in memory): the eval form gives the per-image eval transform's tensors; the train form's draws are a
 pure function of (seed, epoch, index), whatever the batch or the loader; each augmented image is a flip and / or
-a window of the padded original; the forms exist only where every per-image op has a batched form."""
+a window of the padded original; random erasing zeroes one box drawn as torchvision draws it; the forms exist only
+where every per-image op has a batched form."""
 from __future__ import annotations
 
 import torch
@@ -13,6 +14,7 @@ from vitkit.data.transforms import (
     batched_train_transform,
     collate,
     eval_transform,
+    seeded_uniforms,
     train_transform,
 )
 from vitkit.models.config import Preprocess
@@ -54,7 +56,8 @@ def test_no_batched_form_where_an_op_has_none():
     assert batched_eval_transform(pre_for(1), (28, 28)) is None  # images not at the input size
     base = Recipe(crop="none", hflip=0.5)
     assert batched_train_transform(pre_for(1), base, size) is not None
-    for changes in ({"crop": "rrc"}, {"reprob": 0.25}, {"auto_augment": "trivial"}):
+    assert batched_train_transform(pre_for(1), base.replace(reprob=0.25), size) is not None
+    for changes in ({"crop": "rrc"}, {"auto_augment": "trivial"}):
         assert batched_train_transform(pre_for(1), base.replace(**changes), size) is None, changes
     assert batched_train_transform(pre_for(1), base, (28, 28)) is None
 
@@ -104,3 +107,52 @@ def test_train_flip_and_pad_crop_are_what_the_recipe_names():
         assert windows, k  # every output is a window of its padded image
         offsets.update(windows)
     assert len(offsets) == 25  # and every one of the 5 x 5 offsets is drawn
+
+
+def test_a_seeds_draws_begin_with_its_single_draw():
+    seeds = [0, 1, 2**62 + 5]
+    many = seeded_uniforms(seeds, 4, 40)
+    assert many.shape == (3, 40) and torch.equal(many[:, 0], seeded_uniforms(seeds, 4))
+    assert len(set(many.flatten().tolist())) == 120 and 0 <= many.min() and many.max() < 1
+
+
+def erased_boxes(x: torch.Tensor, clean: torch.Tensor) -> list[tuple[int, int] | None]:
+    """Each image's erased box (h, w), None where nothing is erased; asserts that what differs from the clean
+    image is one axis-aligned box of zeros (the pre_for mean makes no clean pixel exactly 0)."""
+    boxes = []
+    for img, ref in zip(x[:, 0], clean[:, 0]):
+        assert bool((ref != 0).all())
+        zero = img == 0
+        assert torch.allclose(img[~zero], ref[~zero], atol=1e-6)  # the rest is untouched
+        if not zero.any():
+            boxes.append(None)
+            continue
+        rows, cols = zero.any(1).nonzero()[:, 0], zero.any(0).nonzero()[:, 0]
+        h, w = int(rows[-1] - rows[0] + 1), int(cols[-1] - cols[0] + 1)
+        assert int(zero.sum()) == h * w  # one full rectangle
+        boxes.append((h, w))
+    return boxes
+
+
+def test_random_erasing_batched_is_torchvisions_draw_on_one_box():
+    ds, size = digits()
+    pre = pre_for(1)
+    recipe = Recipe(crop="none", hflip=0.0, reprob=0.5)
+    clean = normalised(ds.images, pre)  # [N, 1, 8, 8]
+    idx = list(range(len(ds)))
+    stats = {}
+    for form, batched in (("batched", batched_train_transform(pre, recipe, size)), ("per image", None)):
+        out = Transformed(ds, train_transform(pre, recipe, size), seed=1, batched=batched)
+        boxes = []
+        for epoch in range(3):
+            out.epoch = epoch
+            boxes += erased_boxes(collate(out.__getitems__(idx))[0], clean)
+        hit = [b for b in boxes if b is not None]
+        assert all(h < 8 and w < 8 for h, w in hit)  # torchvision's "fits" rule
+        area = torch.tensor([h * w for h, w in hit], dtype=torch.float64)
+        assert 1 <= area.min() and area.max() <= round(0.33 * 64 * 1.2)  # scale (0.02, 0.33), with rounding
+        stats[form] = (len(hit) / len(boxes), area.mean().item(), area.std().item() / len(hit) ** 0.5, len(boxes))
+    (rate_b, mean_b, se_b, n), (rate_p, mean_p, se_p, _) = stats["batched"], stats["per image"]
+    sigma = (2 * 0.25 / n) ** 0.5
+    assert abs(rate_b - 0.5) < 5 * sigma and abs(rate_b - rate_p) < 5 * sigma, (rate_b, rate_p)
+    assert abs(mean_b - mean_p) < 5 * (se_b ** 2 + se_p ** 2) ** 0.5, (mean_b, mean_p)  # the same box sizes

@@ -248,27 +248,59 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def seeded_uniforms(seeds, stream: int) -> torch.Tensor:
-    """One uniform draw in [0, 1) per seed [B] (float64), a pure function of (seed, stream): the batched
-    transforms' randomness, so a sample's augmentation does not depend on the batch it is drawn in."""
+_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def seeded_uniforms(seeds, stream: int, count: int | None = None) -> torch.Tensor:
+    """Uniform draws in [0, 1) (float64), a pure function of (seed, stream): the batched transforms' randomness,
+    so a sample's augmentation does not depend on the batch it is drawn in. One per seed [B]; with `count`,
+    that many per seed [B, count] (SplitMix64's sequence from the same state: draw 0 is the single draw)."""
     with np.errstate(over="ignore"):
-        bits = _splitmix64(np.asarray(seeds, dtype=np.uint64) * np.uint64(8) + np.uint64(stream))
+        state = np.asarray(seeds, dtype=np.uint64) * np.uint64(8) + np.uint64(stream)  # [B]
+        if count is not None:
+            state = state[:, None] + np.arange(count, dtype=np.uint64)[None, :] * _GOLDEN_GAMMA  # [B, count]
+        bits = _splitmix64(state)
     return torch.from_numpy((bits >> np.uint64(11)).astype(np.float64) / float(2 ** 53))
+
+
+def erase_boxes(seeds, p: float, size: tuple[int, int], scale=(0.02, 0.33), ratio=(0.3, 3.3)) -> torch.Tensor:
+    """Where v2.RandomErasing(p, scale, ratio) erases, for a batch at once -> a mask [B, 1, H, W] (True: erased).
+    The same draw as torchvision's: with probability p, up to 10 tries of an area (a `scale` fraction of the
+    image) and a log-uniform aspect ratio; the first box that fits (h < H and w < W) at a uniform offset, none if
+    no try fits. Each sample's draws come from its seed (streams 3 and 4)."""
+    height, width = size
+    erase = seeded_uniforms(seeds, 3) < p  # [B]
+    u = seeded_uniforms(seeds, 4, 40).view(-1, 10, 4)  # [B, tries, (area, ratio, top, left)]
+    area = height * width * (scale[0] + (scale[1] - scale[0]) * u[..., 0])  # [B, 10]
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * u[..., 1])
+    h = torch.round(torch.sqrt(area * aspect)).long()  # round half to even, as Python's round
+    w = torch.round(torch.sqrt(area / aspect)).long()
+    fits = (h < height) & (w < width)  # [B, 10]
+    first = fits.long().argmax(1, keepdim=True)  # the first try that fits [B, 1]
+    erase &= fits.any(1)
+    h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]  # [B]
+    top = (u[..., 2].gather(1, first)[:, 0] * (height - h + 1)).long()  # uniform in [0, H - h]
+    left = (u[..., 3].gather(1, first)[:, 0] * (width - w + 1)).long()
+    rows, cols = torch.arange(height), torch.arange(width)
+    in_rows = (rows[None] >= top[:, None]) & (rows[None] < (top + h)[:, None])  # [B, H]
+    in_cols = (cols[None] >= left[:, None]) & (cols[None] < (left + w)[:, None])  # [B, W]
+    return (erase[:, None, None] & in_rows[:, :, None] & in_cols[:, None, :])[:, None]  # [B, 1, H, W]
 
 
 class BatchedTransform:
     """A train or eval pipeline on a whole uint8 batch [B, C, H, W] at once, for in-memory images already at the
     model's input size: channel matching, the recipe's pad-crop and flip (each sample's own draw from its seed),
-    scaling and normalisation, with no per-image Python. Built by `batched_train_transform` /
+    scaling and normalisation, then random erasing, with no per-image Python. Built by `batched_train_transform` /
     `batched_eval_transform` only where every op of the per-image pipeline has a batched form; it replaces the
     per-image pipeline for those datasets (data.datasets.Transformed), it does not reproduce its random draws.
 
     Why: the per-image v2 pipeline costs ~100 us an image on a 2-core Zen 4, 8% on top of a small ViT's training
     step; the batched form 0.4% (BENCHMARKS.md, "Per image against batched")."""
 
-    def __init__(self, pre, hflip: float = 0.0, crop_padding: int = 0):
+    def __init__(self, pre, hflip: float = 0.0, crop_padding: int = 0, reprob: float = 0.0):
         self.channels = int(pre.input_size[0])
-        self.hflip, self.pad = float(hflip), int(crop_padding)
+        self.hflip, self.pad, self.reprob = float(hflip), int(crop_padding), float(reprob)
         self.mean = torch.tensor(pre.mean, dtype=torch.float32).view(1, -1, 1, 1)
         self.std = torch.tensor(pre.std, dtype=torch.float32).view(1, -1, 1, 1)
 
@@ -288,17 +320,20 @@ class BatchedTransform:
         if self.hflip:
             flip = seeded_uniforms(seeds, 0) < self.hflip  # [B]
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-        return (x.float() / 255 - self.mean) / self.std  # [B, C, H, W]
+        x = (x.float() / 255 - self.mean) / self.std  # [B, C, H, W]
+        if self.reprob:  # after normalisation, erased to 0 (the mean), as v2.RandomErasing(value=0) in the recipe
+            x = x.masked_fill(erase_boxes(seeds, self.reprob, (h, w)), 0.0)
+        return x
 
 
 def batched_train_transform(pre, recipe, src_size: tuple[int, int] | None) -> BatchedTransform | None:
     """`train_transform`'s batched form (`BatchedTransform`) where it has one: images at the input size (no
-    resize), crop none or pad, no auto-augment and no random erasing; otherwise None (the per-image pipeline)."""
+    resize), crop none or pad, no auto-augment; otherwise None (the per-image pipeline)."""
     if native_aspect(pre) or src_size is None or tuple(src_size) != _size(pre):
         return None
-    if recipe.crop not in ("none", "pad") or recipe.auto_augment or recipe.reprob:
+    if recipe.crop not in ("none", "pad") or recipe.auto_augment:
         return None
-    return BatchedTransform(pre, recipe.hflip, recipe.crop_padding if recipe.crop == "pad" else 0)
+    return BatchedTransform(pre, recipe.hflip, recipe.crop_padding if recipe.crop == "pad" else 0, recipe.reprob)
 
 
 def batched_eval_transform(pre, src_size: tuple[int, int] | None) -> BatchedTransform | None:
