@@ -250,7 +250,7 @@ def test_unknown_stem_in_a_checkpoint_is_named(tmp_path):
     sd = {k: v for k, v in peer.state_dict().items() if ".stages.3." not in k}  # an R26 without its last stage
     path = tmp_path / "odd.safetensors"
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
-    with pytest.raises(CheckpointError, match=r"stages \(2, 2, 2\) is not a registered stem"):
+    with pytest.raises(CheckpointError, match=r"blocks per stage \(2, 2, 2\) is not a registered stem"):
         vitkit.load_model(path)
 
 
@@ -298,5 +298,5 @@ def test_a_small_conv_stem_of_unregistered_depth_is_named(tmp_path):
     sd["patch_embed.backbone.3.conv.weight"] = sd["patch_embed.backbone.2.conv.weight"].clone()  # a fourth conv
     path = tmp_path / "four.safetensors"
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
-    with pytest.raises(CheckpointError, match=r"conv-small stem with stages \(4,\) is not a registered stem"):
+    with pytest.raises(CheckpointError, match=r"conv-small stem with convs \(4,\) is not a registered stem"):
         vitkit.load_model(path)

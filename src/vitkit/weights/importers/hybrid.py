@@ -65,7 +65,8 @@ def stem_of(sd: StateDict) -> tuple[str, str, int]:
         raise CheckpointError(f"hybrid checkpoint with an unknown CNN stem (keys {sample}); known: ResNetV2 (R26, "
                               "R50), ResNet-26/50-D, MobileCLIP's and vitkit's small conv stem")
     if (kind, depths) not in _STEMS:
-        raise CheckpointError(f"hybrid checkpoint: a {kind} stem with stages {depths} is not a registered stem; "
+        counted = "convs" if kind == "conv-small" else "blocks per stage"
+        raise CheckpointError(f"hybrid checkpoint: a {kind} stem with {counted} {depths} is not a registered stem; "
                               f"known: {sorted(d for k, d in _STEMS if k == kind)}")
     name, stride = _STEMS[(kind, depths)]
     return name, first, stride
