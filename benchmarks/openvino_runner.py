@@ -7,7 +7,7 @@ Per (model, batch, precision), timed round-robin by vitkit.timing in one run, no
           compile_model with the precision hint, the thread count and LATENCY, one infer request);
   runner  vitkit.runner(model, backend="openvino"): vitkit's IR export (cached by content hash, batch left
           dynamic) behind the Runner call a user makes, torch tensor in and out;
-  split   the same with streams=min(batch, threads): the THROUGHPUT hint, the batch split into one slice a stream
+  split   the same with streams=min(batch, threads) (runner.split_streams): the THROUGHPUT hint, the batch split into one slice a stream
           (what vitkit.runner's "auto" also times; batches of 1 and one thread have nothing to split).
 `vitkit bench` times these two among six cases a round; this separates the runner's own cost from the spread of
 a crowded round. Random weights (the speed does not depend on them); bf16 only where the CPU has native bf16.
@@ -23,7 +23,7 @@ import torch
 from _results import write_results  # benchmarks/_results.py, beside this script
 
 from vitkit.bench import build_vitkit, openvino_fn, timm_twin
-from vitkit.export.runner import runner
+from vitkit.export.runner import runner, split_streams
 from vitkit.hardware import detect
 from vitkit.timing import paired_ratio, paired_times
 
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> str:
     precisions = [p for p in args.precisions if p == "fp32" or caps.native_bf16]
     table = ["| model | batch | precision | OpenVINO direct img/s | runner img/s | runner vs direct (paired) "
              "| split: streams, img/s | split vs direct (paired) |", "|---|---:|---|---:|---:|---:|---|---:|"]
-    split = {b: min(b, torch.get_num_threads()) for b in args.batches}
+    split = {b: split_streams(b) for b in args.batches}
     rows = []
     for name in args.models:
         vk = build_vitkit(name).eval()

@@ -168,11 +168,16 @@ def _cache_file() -> Path:
     return cache_file().parent / "runtimes.json"
 
 
+def split_streams(batch_size: int, threads: int | None = None) -> int:
+    """How many OpenVINO streams a batch is split across when it is split: one a thread, at most one an image."""
+    return min(batch_size, int(threads or torch.get_num_threads()))
+
+
 def _auto_candidates(precision: str, features: bool, batch_size: int, threads: int | None) -> dict[str, tuple[str, int]]:
     """What "auto" times, by name: {name: (backend, streams)}. Each of AUTO_CANDIDATES that can run, and OpenVINO
     a second time with one stream per thread ("openvino x2") where the batch can be split that far."""
     out: dict[str, tuple[str, int]] = {}
-    split = min(batch_size, int(threads or torch.get_num_threads()))
+    split = split_streams(batch_size, threads)
     for b in AUTO_CANDIDATES:
         if _can_run(b, precision, features):
             out[b] = (b, 1)
