@@ -147,6 +147,23 @@ def test_bench_quick_json_runs_and_parses(capsys):
         assert (r["vs_timm"] is None) == (r["library"] == "timm")
 
 
+def test_bench_control_times_a_second_timm_model_in_the_same_rounds(capsys):
+    from vitkit.bench import CONTROL, markdown
+
+    assert main(["bench", "--quick", "--control", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["rows"]
+    control = [r for r in rows if r["library"] == CONTROL]
+    timm_rows = [r for r in rows if r["library"] == "timm" and r["backend"] == "eager"]
+    # one control beside each timm eager case (inference per precision, training), compared with timm eager
+    assert sorted((r["task"], r["precision"]) for r in control) == sorted((r["task"], r["precision"]) for r in timm_rows)
+    assert all(r["vs_timm_ref"] == "timm/eager" and r["vs_timm"] > 0 and r["vs_best_peer"] is None for r in control)
+    assert all(CONTROL not in (r["best_peer"] or "") for r in rows if r["library"] == "vitkit")  # never a peer
+    assert f"{CONTROL}: a second timm model" in markdown(report)
+    assert main(["bench", "--quick", "--json"]) == 0  # off by default
+    assert not [r for r in json.loads(capsys.readouterr().out)["rows"] if r["library"] == CONTROL]
+
+
 def test_bench_peer_rows_openvino_direct_and_the_runner(tmp_path, monkeypatch):
     pytest.importorskip("openvino")
     from vitkit.bench import BenchOptions, markdown, openvino_fn, run_benchmarks

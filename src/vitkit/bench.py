@@ -39,6 +39,9 @@ PRECISIONS = ("fp32", "bf16-autocast", "bf16")  # bf16 = weights and inputs in b
 TRAIN_PRECISIONS = PRECISIONS[:2]
 BACKENDS = ("eager", "compile", "onnx", "onnx-int8", "openvino", "runner")
 PEERS = ("timm", "openvino")  # the libraries a vitkit row is compared with
+# a second timm model with the same weights, timed in the same rounds as timm eager (BenchOptions.control): its "vs
+# timm" is what identical kernels measure against each other here, the noise floor of that column; not a peer
+CONTROL = "timm (control)"
 # the small-image training configuration of the speed issue: 32x32, patch 4, 192 wide, 6 deep
 SMALL32 = {"img_size": 32, "patch_size": 4, "in_chans": 3, "num_classes": 10, "embed_dim": 192, "depth": 6,
            "num_heads": 3}
@@ -63,6 +66,7 @@ class BenchOptions:
     device: str = "cpu"
     clock: str = "wall"  # or "cpu": process CPU time, steadier on a shared machine with threads=1
     matmul_n: int | None = None
+    control: bool = False  # also time CONTROL beside each timm eager case
 
     def __post_init__(self):
         for name in ("models", "batches", "precisions", "backends", "train_models", "train_precisions"):
@@ -295,6 +299,7 @@ def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> lis
 
     vk = _dispatched(build_vitkit(name), device)
     tm = timm_twin(vk)
+    control = timm_twin(vk) if opts.control else None
     C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
     rows = []
     for batch in opts.batches:
@@ -314,6 +319,9 @@ def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> lis
                     fns[("vitkit", backend)] = infer_fn(vk, x, precision, backend, onnx_stem)
                 if backend in ("eager", "compile"):
                     fns[("timm", backend)] = infer_fn(tm, x, precision, backend, onnx_stem)
+                if backend == "eager" and control is not None:
+                    fns[(CONTROL, "eager")] = infer_fn(control, x, precision, "eager", onnx_stem)
+                    refs[(CONTROL, "eager")] = ("timm", "eager")
                 refs[("vitkit", backend)] = ("timm", backend if backend in ("eager", "compile") else "eager")
             rows += _rows(name, "infer", batch, precision, fns, refs, flops, peaks, opts, picks)
     return rows
@@ -364,7 +372,9 @@ def _train_rows(name, opts: BenchOptions, device, peaks) -> list[dict[str, Any]]
                ("vitkit", "eager"): train_fn(vk, x, y, precision, "eager", fused_adamw=True)}
         if "compile" in opts.backends:
             fns[("vitkit", "compile")] = train_fn(vk, x, y, precision, "compile", fused_adamw=True)
-        refs = {k: ("timm", "eager") for k in fns if k[0] == "vitkit"}
+        if opts.control:  # its own copy, its own optimiser: both timm models step alike
+            fns[(CONTROL, "eager")] = train_fn(timm_twin(vk).train(), x, y, precision, "eager", fused_adamw=False)
+        refs = {k: ("timm", "eager") for k in fns if k[0] != "timm"}
         rows += _rows(name, "train", b, precision, fns, refs, flops, peaks, opts)
     return rows
 
@@ -426,6 +436,9 @@ def markdown(report: dict[str, Any]) -> str:
         backend = r["backend"] + (f" ({r['picked']})" if r.get("picked") else "")
         lines.append(f"| {r['model']} | {r['task']} | {r['batch']} | {r['precision']} | {backend} | "
                      f"{r['library']} | {r['img_per_s']:.1f} | {r['gflops']:.0f} | {peak} | {ratio} | {best} |")
+    if any(r["library"] == CONTROL for r in report["rows"]):
+        lines += ["", f"{CONTROL}: a second timm model with the same weights, timed in the same rounds as timm eager; "
+                  "its 'vs timm' is what identical kernels measure against each other here (the column's noise floor)."]
     lines += ["", report["notes"], ""]
     return "\n".join(lines)
 

@@ -38,6 +38,8 @@ def register(sub) -> None:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time, or process CPU time (steadier on a shared machine; use with --threads 1)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run: tiny models, few repeats")
+    p.add_argument("--control", action="store_true", help="also time a second timm model with the same weights beside "
+                   "timm eager: its 'vs timm' is the noise floor of that column on this machine")
     p.add_argument("--out", help="also write OUT.md and OUT.json")
     p.add_argument("--explain", action="store_true", help="print the detected hardware and the fast paths vitkit "
                    "takes on it, with reasons (as `vitkit doctor`), and time nothing")
@@ -75,7 +77,7 @@ def run(args) -> int:
                         train_models=args.train_models, train_batch=args.train_batch,
                         train_precisions=args.train_precisions,
                         warmup=BenchOptions.warmup if args.warmup is None else args.warmup, repeats=args.repeats,
-                        threads=args.threads, device=args.device, clock=args.clock)
+                        threads=args.threads, device=args.device, clock=args.clock, control=args.control)
     report = run_benchmarks(opts.quick() if args.quick else opts, command=_command_line())
     if args.out:
         write_report(report, args.out)

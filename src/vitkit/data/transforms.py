@@ -321,7 +321,7 @@ class BatchedTransform:
             flip = seeded_uniforms(seeds, 0) < self.hflip  # [B]
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         x = (x.float() / 255 - self.mean) / self.std  # [B, C, H, W]
-        if self.reprob:  # after normalisation, erased to 0 (the mean), as v2.RandomErasing(value=0) in the recipe
+        if self.reprob:  # after normalisation, erased to 0 (the mean), as the per-image v2.RandomErasing(value=0)
             x = x.masked_fill(erase_boxes(seeds, self.reprob, (h, w)), 0.0)
         return x
 
