@@ -80,8 +80,8 @@ def main() -> int:
 
     command = " ".join(["python", "benchmarks/data_pipeline.py", *sys.argv[1:]])
     res = {"command": command, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "machine": machine_info(), "recipe": args.recipe, "overrides": args.sets, "batch_size": r.batch_size, "workers": workers,
-           "bf16": r.bf16, "loader_img_per_s": forms, "train_step_img_per_s": model_rate,
+           "machine": machine_info(), "recipe": args.recipe, "overrides": args.sets, "batch_size": r.batch_size,
+           "workers": workers, "bf16": r.bf16, "loader_img_per_s": forms, "train_step_img_per_s": model_rate,
            "loader_over_model": {k: v / model_rate for k, v in forms.items()}}
     m = res["machine"]
     label = " ".join([args.recipe, *args.sets])

@@ -7,8 +7,9 @@ Per (model, batch, precision), timed round-robin by vitkit.timing in one run, no
           compile_model with the precision hint, the thread count and LATENCY, one infer request);
   runner  vitkit.runner(model, backend="openvino"): vitkit's IR export (cached by content hash, batch left
           dynamic) behind the Runner call a user makes, torch tensor in and out;
-  split   the same with streams=min(batch, threads) (runner.split_streams): the THROUGHPUT hint, the batch split into one slice a stream
-          (what vitkit.runner's "auto" also times; batches of 1 and one thread have nothing to split).
+  split   the same with streams=min(batch, threads) (runner.split_streams): the THROUGHPUT hint, the batch split
+          into one slice a stream (what vitkit.runner's "auto" also times; batches of 1 and one thread have nothing
+          to split).
 `vitkit bench` times these two among six cases a round; this separates the runner's own cost from the spread of
 a crowded round. Random weights (the speed does not depend on them); bf16 only where the CPU has native bf16.
 Writes benchmarks/results/openvino-runner.{md,json} (`--out` names another stem).

@@ -156,7 +156,8 @@ def test_bench_control_times_a_second_timm_model_in_the_same_rounds(capsys):
     control = [r for r in rows if r["library"] == CONTROL]
     timm_rows = [r for r in rows if r["library"] == "timm" and r["backend"] == "eager"]
     # one control beside each timm eager case (inference per precision, training), compared with timm eager
-    assert sorted((r["task"], r["precision"]) for r in control) == sorted((r["task"], r["precision"]) for r in timm_rows)
+    cases = sorted((r["task"], r["precision"]) for r in control)
+    assert cases == sorted((r["task"], r["precision"]) for r in timm_rows)
     assert all(r["vs_timm_ref"] == "timm/eager" and r["vs_timm"] > 0 and r["vs_best_peer"] is None for r in control)
     assert all(CONTROL not in (r["best_peer"] or "") for r in rows if r["library"] == "vitkit")  # never a peer
     assert f"{CONTROL}: a second timm model" in markdown(report)

@@ -299,7 +299,6 @@ def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> lis
 
     vk = _dispatched(build_vitkit(name), device)
     tm = timm_twin(vk)
-    control = timm_twin(vk) if opts.control else None
     C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
     rows = []
     for batch in opts.batches:
@@ -319,8 +318,8 @@ def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> lis
                     fns[("vitkit", backend)] = infer_fn(vk, x, precision, backend, onnx_stem)
                 if backend in ("eager", "compile"):
                     fns[("timm", backend)] = infer_fn(tm, x, precision, backend, onnx_stem)
-                if backend == "eager" and control is not None:
-                    fns[(CONTROL, "eager")] = infer_fn(control, x, precision, "eager", onnx_stem)
+                if backend == "eager" and opts.control:  # infer_fn copies the model: a second timm model
+                    fns[(CONTROL, "eager")] = infer_fn(tm, x, precision, "eager", onnx_stem)
                     refs[(CONTROL, "eager")] = ("timm", "eager")
                 refs[("vitkit", backend)] = ("timm", backend if backend in ("eager", "compile") else "eager")
             rows += _rows(name, "infer", batch, precision, fns, refs, flops, peaks, opts, picks)
@@ -372,8 +371,8 @@ def _train_rows(name, opts: BenchOptions, device, peaks) -> list[dict[str, Any]]
                ("vitkit", "eager"): train_fn(vk, x, y, precision, "eager", fused_adamw=True)}
         if "compile" in opts.backends:
             fns[("vitkit", "compile")] = train_fn(vk, x, y, precision, "compile", fused_adamw=True)
-        if opts.control:  # its own copy, its own optimiser: both timm models step alike
-            fns[(CONTROL, "eager")] = train_fn(timm_twin(vk).train(), x, y, precision, "eager", fused_adamw=False)
+        if opts.control:  # train_fn copies the model and makes its optimiser: a second timm model stepping alike
+            fns[(CONTROL, "eager")] = train_fn(tm, x, y, precision, "eager", fused_adamw=False)
         refs = {k: ("timm", "eager") for k in fns if k[0] != "timm"}
         rows += _rows(name, "train", b, precision, fns, refs, flops, peaks, opts)
     return rows
