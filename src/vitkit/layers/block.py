@@ -71,6 +71,7 @@ class Block(nn.Module):
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), act=act, drop=proj_drop)
+        self.mlp_needs_grid = getattr(mlp_layer, "needs_grid", False)  # a conv MLP (layers/mlp.py) takes the grid
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if post_norm and init_values:  # post-norm blocks start their norms' gains small instead (timm's init)
@@ -81,9 +82,10 @@ class Block(nn.Module):
         self.native_fastpath = False
 
     def forward(self, x: torch.Tensor, return_attn: bool = False, rope: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+                bias: torch.Tensor | None = None, mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None):
         """rope: the rotary table for the patch tokens (layers/rope.py); bias: an additive attention bias
-        [1, H, N, N] (layers/rel_pos.py); mask: boolean [B, 1, 1, N], False for padding keys (layers/naflex.py)."""
+        [1, H, N, N] (layers/rel_pos.py); mask: boolean [B, 1, 1, N], False for padding keys (layers/naflex.py);
+        grid: the patch tokens' (gh, gw), for an MLP that needs it (`mlp_needs_grid`)."""
         if (rope is None and bias is None and mask is None and not return_attn and self.native_fastpath
                 and self._fastpath_applies(x)):
             return self._native_forward(x)
@@ -95,11 +97,14 @@ class Block(nn.Module):
             y, attn = self.attn(attn_in, rope=rope, bias=bias, **padding), None
         if self.post_norm:
             x = x + self.drop_path1(self.norm1(y))
-            x = x + self.drop_path2(self.norm2(self.mlp(x)))
+            x = x + self.drop_path2(self.norm2(self._mlp(x, grid)))
             return (x, attn) if return_attn else x
         x = x + self.drop_path1(self.ls1(y))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x = x + self.drop_path2(self.ls2(self._mlp(self.norm2(x), grid)))
         return (x, attn) if return_attn else x
+
+    def _mlp(self, x: torch.Tensor, grid: tuple[int, int] | None) -> torch.Tensor:
+        return self.mlp(x, grid) if self.mlp_needs_grid else self.mlp(x)
 
     def forward_merging(self, x: torch.Tensor, size: torch.Tensor | None, r: int, prefix: int,
                         return_attn: bool = False):

@@ -108,5 +108,39 @@ class SwiGLUPacked(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(gate) * x)))
 
 
+class DepthwiseConvMlp(nn.Module):
+    """fc1 -> 3x3 depthwise conv over the patch grid -> act -> fc2: PVTv2's MLP (Wang et al. 2022; LocalViT and
+    CeiT's LeFF put the same conv there), under timm's key names (`MlpWithDepthwiseConv`: fc1, dwconv, fc2). Every
+    block then mixes each token with its 8 grid neighbours, the locality a plain ViT lacks on small data. Prefix
+    tokens (class, registers) skip the conv. It needs the grid of the tokens it gets (`needs_grid`): every patch
+    token, in the row-major order of the patch embedding."""
+
+    needs_grid = True  # Block passes the patch grid (gh, gw)
+
+    def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.fc1 = Linear(dim, hidden, bias=bias)
+        self.dwconv = nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden)  # one 3x3 filter per channel
+        self.act = make_act(act)
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = Linear(hidden, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+        h = self.fc1(x)  # [B, P + N, C]
+        B, T, C = h.shape
+        if grid is None or T < grid[0] * grid[1]:
+            raise ConfigError(
+                f"mlp_layer='mlp_dwconv' convolves the whole patch grid, but got {T} tokens and grid {grid}: it "
+                "cannot run on a subset of the patches (MAE's keep, token merging) or on a PatchBatch")
+        gh, gw = grid
+        prefix = T - gh * gw
+        patches = h[:, prefix:].transpose(1, 2).reshape(B, C, gh, gw)  # [B, C, Gh, Gw], a channels-last view
+        patches = self.dwconv(patches).flatten(2).transpose(1, 2)  # [B, N, C]
+        h = torch.cat([h[:, :prefix], patches], dim=1) if prefix else patches  # [B, P + N, C]
+        return self.drop2(self.fc2(self.drop1(self.act(h))))
+
+
 # MLP layers by the name a config stores (ViTConfig.mlp_layer); each takes (dim, hidden, act, drop, bias)
-MLP_LAYERS: dict[str, type[nn.Module]] = {"mlp": Mlp, "swiglu": SwiGLU, "swiglu_packed": SwiGLUPacked}
+MLP_LAYERS: dict[str, type[nn.Module]] = {"mlp": Mlp, "swiglu": SwiGLU, "swiglu_packed": SwiGLUPacked,
+                                          "mlp_dwconv": DepthwiseConvMlp}

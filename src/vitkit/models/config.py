@@ -79,7 +79,7 @@ class ViTConfig(ModelConfig):
     act: str = "gelu"
     # layers by name (layers.EMBED_LAYERS / MLP_LAYERS): the hybrid CNN stem is another embed layer
     embed_layer: str = "patch"
-    mlp_layer: str = "mlp"  # mlp (fc1-act-fc2) | swiglu | swiglu_packed
+    mlp_layer: str = "mlp"  # mlp (fc1-act-fc2) | swiglu | swiglu_packed | mlp_dwconv (fc1-3x3 depthwise conv-act-fc2)
     mask_token: bool = False  # a learned token that replaces masked patches (DINOv2 / iBOT)
     norm_eps: float = 1e-6
     representation_size: int | None = None  # pre-logits Linear+tanh (original i21k checkpoints)
@@ -144,6 +144,8 @@ class ViTConfig(ModelConfig):
 
             check_merge(self.merge, self.grid_size[0] * self.grid_size[1])
             # merged tokens have no single position: rotary and relative-position terms need one per token
+            need(self.mlp_layer != "mlp_dwconv", f"merge={self.merge}: token merging leaves no patch grid for "
+                 "mlp_layer='mlp_dwconv' to convolve (valid: merge=0, or another mlp_layer)")
             need(self.rope == "none" and self.rel_pos == "none",
                  f"merge={self.merge}: token merging needs positions added once (a position table); a model with "
                  "rotary or relative position terms cannot merge tokens (valid: merge=0)")

@@ -98,12 +98,14 @@ def _mlp_params(kind: str, D: int, Hm: int) -> int:
         return 2 * (D * Hm + Hm) + Hm * D + D
     if kind == "swiglu_packed":  # fc1: D -> Hm (both halves); fc2: Hm/2 -> D
         return D * Hm + Hm + Hm // 2 * D + D
+    if kind == "mlp_dwconv":  # fc1, fc2 and a 3x3 depthwise conv of Hm channels
+        return D * Hm + Hm + Hm * D + D + 10 * Hm
     return D * Hm + Hm + Hm * D + D
 
 
 def _mlp_macs(kind: str, D: int, Hm: int) -> int:
     """Per token."""
-    return {"swiglu": 3 * D * Hm, "swiglu_packed": D * Hm + Hm // 2 * D}.get(kind, 2 * D * Hm)
+    return {"swiglu": 3 * D * Hm, "swiglu_packed": D * Hm + Hm // 2 * D, "mlp_dwconv": 2 * D * Hm + 9 * Hm}.get(kind, 2 * D * Hm)
 
 
 def activation_elements(cfg: ViTConfig, fused_attention: bool = True) -> int:

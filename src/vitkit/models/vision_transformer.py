@@ -484,8 +484,9 @@ class VisionTransformer(nn.Module):
 
     @property
     def _grid_aware(self) -> bool:
-        """Whether blocks need the input's patch grid (rotary positions or relative position biases)."""
-        return self.rope is not None or self.cfg.rel_pos != "none"
+        """Whether blocks need the input's patch grid (rotary positions, relative position biases, a conv MLP)."""
+        return self.rope is not None or self.cfg.rel_pos != "none" \
+            or getattr(MLP_LAYERS[self.cfg.mlp_layer], "needs_grid", False)
 
     def _block_biases(self, grid: tuple[int, int] | None, keep: torch.Tensor | None = None) -> list:
         if self.cfg.rel_pos == "none":
@@ -573,12 +574,12 @@ class VisionTransformer(nn.Module):
                     x, sizes, a = blk.forward_merging(*args)
                 attns.append(a)
             elif return_attn:
-                x, a = blk(x, return_attn=True, rope=r, bias=b)
+                x, a = blk(x, return_attn=True, rope=r, bias=b, grid=grid)
                 attns.append(a)
             elif self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, rope=r, bias=b, use_reentrant=False)
+                x = checkpoint(blk, x, rope=r, bias=b, grid=grid, use_reentrant=False)
             else:
-                x = blk(x, rope=r, bias=b)
+                x = blk(x, rope=r, bias=b, grid=grid)
         x = self.norm(x)
         out = (x, attns) if return_attn else (x,)
         return (*out, sizes) if return_sizes else (out if return_attn else x)
@@ -668,9 +669,9 @@ class VisionTransformer(nn.Module):
             raise ConfigError(f"merge={self.cfg.merge}: dense features (forward_intermediates) need every patch token; "
                               "build or load the model with merge=0 for them")
         take, last = feature_take_indices(len(self.blocks), indices)
-        gh, gw = self.patch_embed.grid_for(x.shape[-2], x.shape[-1])
-        rope = self.rope_table((gh, gw), device=x.device)
-        biases = self._block_biases((gh, gw))
+        grid = gh, gw = self.patch_embed.grid_for(x.shape[-2], x.shape[-1])
+        rope = self.rope_table(grid, device=x.device)
+        biases = self._block_biases(grid)
         x = self.embed(x)
         outs = []
         for i, blk in enumerate(self.blocks):
@@ -678,9 +679,9 @@ class VisionTransformer(nn.Module):
                 break
             r, b = self.block_rope(rope, i), biases[i]
             if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, rope=r, bias=b, use_reentrant=False)
+                x = checkpoint(blk, x, rope=r, bias=b, grid=grid, use_reentrant=False)
             else:
-                x = blk(x, rope=r, bias=b)
+                x = blk(x, rope=r, bias=b, grid=grid)
             if i in take:
                 y = self.norm(x) if norm else x
                 prefix, spatial = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]  # [B, P, D], [B, N, D]

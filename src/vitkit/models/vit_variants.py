@@ -71,7 +71,7 @@ _REFUSED = {
     "patch_drop_rate": (0.0, "patch dropout is not implemented"),
     "proj_bias": (True, "projection layers always have a bias here"),
     "fix_init": (False, "the fix_init rescaling is not implemented; pick weight_init"),
-    "block_fn": (None, "choose the MLP with mlp_layer= (mlp, swiglu, swiglu_packed)"),
+    "block_fn": (None, "choose the MLP with mlp_layer= (mlp, swiglu, swiglu_packed, mlp_dwconv)"),
     "norm_layer": (None, "blocks use LayerNorm; set its epsilon with norm_eps="),
     "embed_norm_layer": (None, "not implemented"),
 }

@@ -38,6 +38,8 @@ def infer_config(sd: StateDict, hints: dict | None = None, source: str = "the ch
             hidden = sd["blocks.0.mlp.fc1.weight"].shape[0]
             if sd["blocks.0.mlp.fc2.weight"].shape[1] * 2 == hidden:  # both SwiGLU branches packed in fc1
                 kw["mlp_layer"] = "swiglu_packed"
+            elif "blocks.0.mlp.dwconv.weight" in sd:  # a 3x3 depthwise conv between fc1 and fc2 (PVTv2's MLP)
+                kw["mlp_layer"] = "mlp_dwconv"
         kw["mlp_ratio"] = hidden / D
         kw["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd or "blocks.0.attn.q_bias" in sd
         kw["k_bias"] = "blocks.0.attn.q_bias" not in sd  # EVA-style: q and v biases only
