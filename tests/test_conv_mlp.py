@@ -68,10 +68,20 @@ def test_a_model_with_it_trains_resizes_gives_dense_features_and_its_file_rebuil
 def test_inputs_that_are_no_whole_grid_get_one_line():
     m = vitkit.create_model("vit_tiny_patch16_224", num_classes=5, **SMALL).eval()
     x = torch.randn(2, 3, 32, 32)
-    with pytest.raises(ConfigError, match="whole patch grid"):
-        m.forward_features(x, keep=torch.arange(8).expand(2, -1))  # MAE's visible subset
+    for keep in (torch.arange(8), torch.arange(16).flip(0)):  # MAE's visible subset; every patch, reordered
+        with pytest.raises(ConfigError, match="whole patch grid"):
+            m.forward_features(x, keep=keep.expand(2, -1))
     batch = pad_patches([image_patches(torch.randn(3, 32, 32), 8)])
     with pytest.raises(ConfigError, match="whole patch grid"):
         m(batch)
     with pytest.raises(ConfigError, match="merge=2"):
         vitkit.create_model("vit_tiny_patch16_224", merge=2, **SMALL)
+
+
+def test_it_exports_to_onnx_runtime_with_the_same_logits():
+    torch.manual_seed(0)
+    m = vitkit.create_model("vit_tiny_patch16_224", num_classes=5, **SMALL).eval()
+    x = torch.randn(2, 3, 32, 32)
+    run = vitkit.runner(m, backend="onnx", precision="fp32")
+    with torch.no_grad():
+        assert (torch.as_tensor(run(x)) - m(x)).abs().max() <= 1e-4

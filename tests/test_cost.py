@@ -110,6 +110,7 @@ def test_params_match_meta_model(name):
     {"global_pool": "map", "class_token": False, "mask_token": True},
     {"mlp_layer": "swiglu", "num_classes": 7},
     {"mlp_layer": "swiglu_packed", "mlp_ratio": 8 / 3, "num_reg_tokens": 2},
+    {"mlp_layer": "mlp_dwconv", "mlp_ratio": 2.0},
 ])
 def test_params_match_meta_model_variants(overrides):
     with torch.device("meta"):
@@ -121,7 +122,8 @@ def test_params_match_meta_model_variants(overrides):
 
 @pytest.mark.parametrize("overrides", [{}, {"distilled": True, "representation_size": 64, "qk_norm": True},
                                        {"global_pool": "map", "mlp_layer": "swiglu"},
-                                       {"mlp_layer": "swiglu_packed", "mlp_ratio": 2.5}])
+                                       {"mlp_layer": "swiglu_packed", "mlp_ratio": 2.5},
+                                       {"mlp_layer": "mlp_dwconv", "num_reg_tokens": 2}])
 def test_macs_match_torch_flop_counter(overrides):
     model = vitkit.create_model("vit_small_patch4_32", depth=2, **overrides).eval()
     r = model_cost(model, batch=2)
@@ -136,7 +138,8 @@ def test_macs_match_torch_flop_counter(overrides):
     assert counter.get_total_flops() == 2 * r.macs_total
     pool_scores = 2 * 2 * 64 * 384 if overrides.get("global_pool") == "map" else 0  # batch 2, one query over 64 patches
     assert counts["aten.bmm"] == 2 * (r.macs["attn_scores"] + pool_scores)
-    assert counts["aten.convolution"] == 2 * r.macs["patch_embed"]
+    dwconv = 2 * 2 * 2 * 64 * 9 * 1536 if overrides.get("mlp_layer") == "mlp_dwconv" else 0  # 2 blocks, batch 2
+    assert counts["aten.convolution"] == 2 * r.macs["patch_embed"] + dwconv
     for blk in model.blocks:
         blk.attn.fused = True  # the CPU fused-attention kernel has no FLOP formula in torch: the rest must still match
     counter = FlopCounterMode(display=False)

@@ -7,7 +7,7 @@ from torch import nn
 
 from .attention import Attention, AttentionMap
 from .block import Block, DropPath, LayerScale
-from .mlp import MLP_LAYERS, Mlp, QuickGELU, SwiGLU, SwiGLUPacked, make_act
+from .mlp import MLP_LAYERS, DepthwiseConvMlp, Mlp, QuickGELU, SwiGLU, SwiGLUPacked, make_act
 from .patch_embed import EMBED_LAYERS, PatchEmbed
 from .pooling import AttentionPoolLatent
 from .pos_embed import resample_pos_embed, sincos_2d_pos_embed
@@ -49,6 +49,7 @@ __all__ = [
     "AttentionMap",
     "AttentionPoolLatent",
     "Block",
+    "DepthwiseConvMlp",
     "DropPath",
     "LayerScale",
     "Mlp",

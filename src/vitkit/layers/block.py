@@ -82,7 +82,8 @@ class Block(nn.Module):
         self.native_fastpath = False
 
     def forward(self, x: torch.Tensor, return_attn: bool = False, rope: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None):
+                bias: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                grid: tuple[int, int] | None = None):
         """rope: the rotary table for the patch tokens (layers/rope.py); bias: an additive attention bias
         [1, H, N, N] (layers/rel_pos.py); mask: boolean [B, 1, 1, N], False for padding keys (layers/naflex.py);
         grid: the patch tokens' (gh, gw), for an MLP that needs it (`mlp_needs_grid`)."""

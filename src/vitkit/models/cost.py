@@ -88,7 +88,8 @@ def mac_counts(cfg: ViTConfig) -> dict[str, int]:
         "patch_embed": stem_macs,
         "attn_proj": L * T * 4 * D * D,  # qkv (3 D^2) + proj (D^2) per token
         "attn_scores": L * 2 * T * T * D,  # QK^T and AV: T^2 * Dh per head each, times H heads
-        "mlp": L * T * _mlp_macs(cfg.mlp_layer, D, Hm),
+        # a depthwise-conv MLP adds 9 taps per hidden channel on each patch token (prefix tokens skip the conv)
+        "mlp": L * T * _mlp_macs(cfg.mlp_layer, D, Hm) + (L * N * 9 * Hm if cfg.mlp_layer == "mlp_dwconv" else 0),
         "head": head,
     }
 
@@ -105,7 +106,7 @@ def _mlp_params(kind: str, D: int, Hm: int) -> int:
 
 def _mlp_macs(kind: str, D: int, Hm: int) -> int:
     """Per token."""
-    return {"swiglu": 3 * D * Hm, "swiglu_packed": D * Hm + Hm // 2 * D, "mlp_dwconv": 2 * D * Hm + 9 * Hm}.get(kind, 2 * D * Hm)
+    return {"swiglu": 3 * D * Hm, "swiglu_packed": D * Hm + Hm // 2 * D}.get(kind, 2 * D * Hm)
 
 
 def activation_elements(cfg: ViTConfig, fused_attention: bool = True) -> int:

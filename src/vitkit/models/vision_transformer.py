@@ -561,6 +561,7 @@ class VisionTransformer(nn.Module):
         rope = None if self.rope is None else self.rope_table(grid, keep, x.device)
         biases = self._block_biases(grid, keep)
         x = self.prepare_tokens(x, keep=keep, mask=mask, pos=pos)
+        tokens_grid = grid if keep is None else None  # kept patches (even all of them, reordered) are no grid
         attns, sizes = [], None
         merged = merge_schedule(x.shape[1], self.num_prefix_tokens, self.cfg.merge, len(self.blocks)) \
             if self.cfg.merge else None  # tokens each block merges (ToMe); the config refuses rope / rel_pos
@@ -574,12 +575,12 @@ class VisionTransformer(nn.Module):
                     x, sizes, a = blk.forward_merging(*args)
                 attns.append(a)
             elif return_attn:
-                x, a = blk(x, return_attn=True, rope=r, bias=b, grid=grid)
+                x, a = blk(x, return_attn=True, rope=r, bias=b, grid=tokens_grid)
                 attns.append(a)
             elif self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, rope=r, bias=b, grid=grid, use_reentrant=False)
+                x = checkpoint(blk, x, rope=r, bias=b, grid=tokens_grid, use_reentrant=False)
             else:
-                x = blk(x, rope=r, bias=b, grid=grid)
+                x = blk(x, rope=r, bias=b, grid=tokens_grid)
         x = self.norm(x)
         out = (x, attns) if return_attn else (x,)
         return (*out, sizes) if return_sizes else (out if return_attn else x)
