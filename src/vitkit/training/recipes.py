@@ -294,8 +294,9 @@ _preset(PRESETS["fashion-mnist"].replace(  # the same training, another stem
              "92.40/92.26/92.58% then (3 epochs); a faster 2-core Zen 4 (13-15 epochs) 91.31/91.72/91.61% in 862-879 s "
              "(ResNet-18 not run there); slower 2-core Zen 4s (9.5-12 epochs, 54,000 images) 90.51-91.13%, below the "
              "ResNet-18's 91.04-91.32%; a Zen 4 capped at AVX2 (fp32): 5 epochs, 88.41% in 830 s (ResNet-18 88.17%); "
-             "the AMX Xeon capped at AVX2: 9 epochs, 90.31% in 875 s (ResNet-18 89.57%; seed 0); the depthwise-conv "
-             "MLP is not measured under the cap nor on a Zen 4",
+             "the AMX Xeon capped at AVX2: 9 epochs, 90.31% in 875 s (ResNet-18 89.57%; seed 0); with the "
+             "depthwise-conv MLP that capped Xeon (2026-12-06, fp32): 6 epochs, 90.59% in 875 s (seed 0); not "
+             "measured on a Zen 4",
     # selected on validation images, 15k-image subset x 4 epochs, idle 2-core Zen 4, bf16: conv stem 84.6% at
     # ~1,300 img/s vs patch embedding 82.0% at ~1,550; conv stem + pad-crop 81.0%; 192 wide 84.0% at 790 img/s.
     # Screened on the AMX Xeon for the gap to the ResNet-18 (seed 0 against 91.72%; BENCHMARKS.md): pad-crop 91.47%,
