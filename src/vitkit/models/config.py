@@ -144,8 +144,9 @@ class ViTConfig(ModelConfig):
 
             check_merge(self.merge, self.grid_size[0] * self.grid_size[1])
             # merged tokens have no single position: rotary and relative-position terms need one per token
-            need(self.mlp_layer != "mlp_dwconv", f"merge={self.merge}: token merging leaves no patch grid for "
-                 "mlp_layer='mlp_dwconv' to convolve (valid: merge=0, or another mlp_layer)")
+            need(not getattr(MLP_LAYERS[self.mlp_layer], "needs_grid", False), f"merge={self.merge}: token merging "
+                 f"leaves no patch grid for mlp_layer={self.mlp_layer!r} to convolve (valid: merge=0, or another "
+                 "mlp_layer)")
             need(self.rope == "none" and self.rel_pos == "none",
                  f"merge={self.merge}: token merging needs positions added once (a position table); a model with "
                  "rotary or relative position terms cannot merge tokens (valid: merge=0)")
