@@ -1,14 +1,12 @@
 """vitkit eager against timm eager with copies: the noise floor of a "vs timm" ratio, in one process.
 
 Usage: python benchmarks/model_copies.py [--model vit_small_patch16_224] [--batch 8] [--copies 3] [--repeats 12]
-                                        [--inplace measured|both]
 The bench's vitkit model (this machine's fast paths applied, as `vitkit bench` builds it) and its timm twin (the
 same weights) are deep-copied `--copies` times each; every copy is timed round-robin by vitkit.timing (no-grad
 inference, fp32, 2 threads), and each row says how fast it ran against the first timm copy. The timm copies' own
 spread is what a vitkit row has to beat before a difference means anything. Run it under another allocator setting
 (for example `MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824`, glibc's) to see what the
-allocator costs both. `--inplace both` times vitkit copies with in-place inference (layers/inplace.py) on and off
-in the same rounds, whatever this machine decided. Prints one line per copy; writes nothing.
+allocator costs both. Prints one line per copy; writes nothing.
 """
 from __future__ import annotations
 
@@ -28,8 +26,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=12)
-    ap.add_argument("--inplace", choices=("measured", "both"), default="measured",
-                    help="measured: vitkit as this machine decided; both: copies with in-place inference on and off")
     args = ap.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -37,14 +33,8 @@ def main() -> None:
     tm = timm_twin(vk).eval()
     x = torch.randn(args.batch, *vk.preprocess.input_size)
     models = {}
-    flavours = {"vitkit": None} if args.inplace == "measured" else {"vitkit-inplace": True, "vitkit-outofplace": False}
     for i in range(args.copies):
-        for name, inplace in flavours.items():
-            models[f"{name}{i}"] = copy.deepcopy(vk)
-            if inplace is not None:
-                for m in models[f"{name}{i}"].modules():
-                    if isinstance(getattr(m, "inplace_inference", None), bool):
-                        m.inplace_inference = inplace
+        models[f"vitkit{i}"] = copy.deepcopy(vk)
         models[f"timm{i}"] = copy.deepcopy(tm)
 
     def call(model):

@@ -32,7 +32,7 @@ ZEN3 = Capabilities(cpu="AMD EPYC 7763", vendor="AuthenticAMD", avx2=True)
 SAPPHIRE_RAPIDS = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True, avx512_bf16=True, amx=True)
 SKYLAKE_SP = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True)
 PATHS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-         "matmul_attention_training", "native_encoder", "inplace_inference", "channels_last_training", "onnx_runtime")
+         "matmul_attention_training", "native_encoder", "channels_last_training", "onnx_runtime")
 
 
 def _on(d) -> dict[str, bool]:
@@ -41,10 +41,9 @@ def _on(d) -> dict[str, bool]:
 
 def _paths(bf16: bool, onednn: bool) -> dict[str, bool]:
     """The flag rules: the bf16 paths go together (native bf16), oneDNN's linear apart, ONNX Runtime never, and
-    channels-last training and in-place inference never (they are decided only by measuring: channels-last on the
-    model at hand, training/memory_format.py)."""
+    channels-last training never (it is decided only by timing the model at hand: training/memory_format.py)."""
     return dict(bf16=bf16, bf16_training=bf16, onednn_linear=onednn, onednn_linear_training=onednn,
-                matmul_attention=bf16, matmul_attention_training=bf16, native_encoder=bf16, inplace_inference=False,
+                matmul_attention=bf16, matmul_attention_training=bf16, native_encoder=bf16,
                 channels_last_training=False, onnx_runtime=False)
 
 

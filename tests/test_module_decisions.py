@@ -8,8 +8,7 @@ import os
 import subprocess
 import sys
 
-SWITCHES = ("native_fastpath", "inplace_inference", "matmul_attention", "matmul_attention_training", "onednn",
-            "onednn_training")
+SWITCHES = ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training")
 
 SCRIPT = r"""
 import json, sys
@@ -32,8 +31,7 @@ for name, kw in runs.items():
     t.setup()
     found = {}
     for mname, m in t.task.named_modules():
-        for s in ("native_fastpath", "inplace_inference", "matmul_attention", "matmul_attention_training", "onednn",
-                  "onednn_training"):
+        for s in ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training"):
             if isinstance(getattr(m, s, None), bool):
                 found.setdefault(s, []).append([("model" if mname.startswith("model.") else "head"), getattr(m, s)])
     out[name] = found
@@ -62,7 +60,7 @@ def test_no_trainable_module_has_a_fast_path_on_under_the_avx2_cap(tmp_path):
 def test_forced_paths_reach_the_task_heads_too(tmp_path):
     """With every path forced on, every switch in the trainable module is on: the heads are not left at a
     layer default (the decisions are applied to the task, not only to the model)."""
-    got = _switches(tmp_path, VITKIT_FAST_PATHS="native_encoder=on,inplace_inference=on,matmul_attention=on,"
+    got = _switches(tmp_path, VITKIT_FAST_PATHS="native_encoder=on,matmul_attention=on,"
                                                "matmul_attention_training=on,onednn_linear=on,"
                                                "onednn_linear_training=on")
     for task, found in got.items():

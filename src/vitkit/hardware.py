@@ -36,9 +36,6 @@ Rules (a decision's `why` says which one applied):
                     (the matmul form measured 0.80x it for inference on the same machine).
   native_encoder    torch's fused encoder-layer kernel for bf16 inference: with native bf16 only (Zen 4:
                     1.07x); not measured elsewhere.
-  inplace_inference residual sums and the MLP's activation written into the tensors just made, without grad
-                    (layers/inplace.py): the same values with fewer allocations. No rule: off where measuring
-                    is off, as timm; measured on a block's fp32 inference call.
   channels_last_training
                     convolution weights in channels-last (NHWC) order for training, so oneDNN runs its NHWC
                     kernels without reordering each call: decided on the model at hand, by timing its own
@@ -55,8 +52,7 @@ so no rule of the flags can hold everywhere): the first command that needs a dec
 path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, bf16
 attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a training step of a
 pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, the block in bf16 autocast vs fp32, and
-the fp32 linear with its backward, oneDNN vs F.linear; a block's fp32 inference call with in-place sums and GELU
-vs out-of-place; ViT-S shapes (training: also the fashion-mnist model's), a few
+the fp32 linear with its backward, oneDNN vs F.linear; ViT-S shapes (training: also the fashion-mnist model's), a few
 seconds, said in one line) and caches the ratios per machine fingerprint (`machine_key`: CPU model, flags,
 cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in $VITKIT_CACHE/fast-paths.json (default
 ~/.cache/vitkit); later processes read it, `vitkit doctor --measure` refreshes it ($VITKIT_MEASURE_ROUNDS: rounds
@@ -90,11 +86,10 @@ from .errors import ConfigError
 from .timing import paired_ratio, paired_times
 
 DECISIONS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-             "matmul_attention_training", "native_encoder", "inplace_inference", "channels_last_training",
-             "onnx_runtime")
+             "matmul_attention_training", "native_encoder", "channels_last_training", "onnx_runtime")
 # what `measure` times (CPU)
 MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-              "matmul_attention_training", "native_encoder", "inplace_inference")
+              "matmul_attention_training", "native_encoder")
 NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training")  # timed only where this torch build has oneDNN
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 EMULATED_BF16 = 0.5  # bf16 linears under this ratio to fp32: emulated bf16, whose other paths are not timed
@@ -254,7 +249,6 @@ class Decisions:
     matmul_attention: bool  # inference (no grad)
     matmul_attention_training: bool  # under grad (training: forward and backward)
     native_encoder: bool
-    inplace_inference: bool  # residual sums and activations written into fresh outputs (layers/inplace.py)
     channels_last_training: bool  # convolution weights (and so their outputs) in channels-last order in training
     onnx_runtime: bool
     why: dict[str, str] = field(default_factory=dict, compare=False)
@@ -331,7 +325,6 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
                                               caps, device),
         "matmul_attention_training": _native_bf16_rule("2-5x faster than SDPA's flash kernel", caps, device),
         "native_encoder": _native_bf16_rule("1.07x the module path", caps, device),
-        "inplace_inference": (False, "off where measuring is off: timm's out-of-place adds and activations"),
         "channels_last_training": (False, "off where measuring is off: timm trains convolutions in NCHW; when "
                                           "measuring, decided on each model's own training step (training/"
                                           "memory_format.py)"),
@@ -509,11 +502,9 @@ def _attention(q, k, v, matmul: bool):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
-class _ReferenceBlock(torch.nn.Module):
-    """A pre-norm ViT block from torch ops, to time a training step or an inference call: LayerNorm, qkv,
-    attention as chosen, projection, GELU MLP; `inplace`: the residual sums and the GELU written into the fresh
-    outputs, as layers/inplace.py does. Not layers/block.py's Block: this module sits below the layers and may not
-    import them."""
+class _TrainingBlock(torch.nn.Module):
+    """A pre-norm ViT block from torch ops, to time a training step: LayerNorm, qkv, attention as chosen,
+    projection, GELU MLP. Not layers/block.py's Block: this module sits below the layers and may not import them."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -522,25 +513,11 @@ class _ReferenceBlock(torch.nn.Module):
         self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
         self.fc1, self.fc2 = torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
 
-    def forward(self, x, matmul: bool, inplace: bool = False):
+    def forward(self, x, matmul: bool):
         B, N, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).reshape(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        y = self.proj(_attention(q, k, v, matmul).transpose(1, 2).reshape(B, N, D))  # [B, N, D]
-        x = y.add_(x) if inplace else x + y
-        h = self.fc1(self.norm2(x))  # [B, N, 4D]
-        h = torch._C._nn.gelu_(h) if inplace else torch.nn.functional.gelu(h)
-        y = self.fc2(h)
-        return y.add_(x) if inplace else x + y
-
-
-def _stacked(block, x, depth: int, inplace: bool):
-    """`depth` inference calls of the block, each on the last one's output (fp32, SDPA attention)."""
-    def run():
-        y = x
-        for _ in range(depth):
-            y = block(y, False, inplace)  # [B, N, D]
-        return y
-    return run
+        x = x + self.proj(_attention(q, k, v, matmul).transpose(1, 2).reshape(B, N, D))  # [B, N, D]
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
 
 
 def _training_step(block, x, bf16: bool, matmul: bool = False):
@@ -608,12 +585,6 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
             q, k, v = (torch.randn(tokens // 197, heads, 197, dim // heads, generator=g).bfloat16() for _ in range(3))
             ratios["matmul_attention"] = _paired_median(lambda: _attention(q, k, v, False),
                                                         lambda: _attention(q, k, v, True), rounds)
-        # fp32 inference, out-of-place (timm's) against in-place sums and GELU, through 12 blocks (ViT-S/16's depth,
-        # one block's weights): what it saves is allocations, and their cost shows over a model's worth of them. On
-        # the AMX Xeon one block alone measured 1.02-1.13x from run to run, the stack 1.17x, ViT-S/16 itself 1.18x
-        block, xi = _ReferenceBlock(dim, heads).eval(), torch.randn(tokens // 197, 197, dim, generator=g)  # [B, N, D]
-        ratios["inplace_inference"] = _paired_median(_stacked(block, xi, 12, False), _stacked(block, xi, 12, True),
-                                                     max(3, rounds // 3))
     # training, at each shape: bf16 attention under grad (SDPA vs matmul form), then the whole block in bf16 autocast
     # (with the faster attention) against fp32 (SDPA), and oneDNN's fp32 linear with its backward against F.linear's
     # (the inference linear won 1.16x on a Zen 4 whose fp32 training step then ran 0.82x timm). Each must win at
@@ -621,7 +592,7 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     matmul, training, linear = [], [], []
     few = max(2, rounds // 3)
     for b, n, d, h in TRAINING_SHAPES if bf16_timed else ():
-        block = _ReferenceBlock(d, h).train()
+        block = _TrainingBlock(d, h).train()
         xt = torch.randn(b, n, d, generator=g)  # [B, N, D]
         matmul.append(_paired_median(_training_step(block, xt, True, False), _training_step(block, xt, True, True),
                                      few))
@@ -687,12 +658,11 @@ def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tup
 
 def apply_fast_paths(model: torch.nn.Module, decisions: Decisions, *, training: bool = False) -> dict[str, int]:
     """Set each module's fast-path switch to the decision, where the module has that switch:
-    `native_fastpath` (encoder blocks), `inplace_inference` (encoder blocks and MLPs), `matmul_attention` and
-    `matmul_attention_training` (attention), `onednn` and `onednn_training` (linear layers). `training` (a model about to be trained, before its optimiser is made): the convolutions'
+    `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`
+    (linear layers). `training` (a model about to be trained, before its optimiser is made): the convolutions'
     weights also take the order `channels_last_training` decided (counted as "channels_last").
     Returns how many modules each switch was set on."""
-    switches = {"native_fastpath": decisions.native_encoder, "inplace_inference": decisions.inplace_inference,
-                "matmul_attention": decisions.matmul_attention,
+    switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
                 "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear,
                 "onednn_training": decisions.onednn_linear_training}
     counts = dict.fromkeys(switches, 0)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from .attention import Attention
-from .inplace import has_hooks, inplace_applies, residual_add
 from .mlp import Mlp
 from .rel_pos import RelPosMlp
 from .tome import TokenMatch, merge_wavg
@@ -41,10 +41,6 @@ class DropPath(nn.Module):
 
 
 class Block(nn.Module):
-    # inference sums each residual into its branch's fresh output (layers/inplace.py); off (timm's out-of-place
-    # adds) until vitkit.hardware.apply_fast_paths sets it for this machine
-    inplace_inference: bool = False
-
     def __init__(
         self,
         dim: int,
@@ -94,7 +90,6 @@ class Block(nn.Module):
         if (rope is None and bias is None and mask is None and not return_attn and self.native_fastpath
                 and self._fastpath_applies(x)):
             return self._native_forward(x)
-        inplace = self.inplace_inference and inplace_applies(self, x)
         attn_in = x if self.post_norm else self.norm1(x)
         padding = {} if mask is None else {"mask": mask}  # attention layers without padding masks (CLIP's causal one)
         if return_attn:
@@ -102,11 +97,11 @@ class Block(nn.Module):
         else:
             y, attn = self.attn(attn_in, rope=rope, bias=bias, **padding), None
         if self.post_norm:
-            x = residual_add(x, self.drop_path1(self.norm1(y)), inplace)
-            x = residual_add(x, self.drop_path2(self.norm2(self._mlp(x, grid))), inplace)
+            x = x + self.drop_path1(self.norm1(y))
+            x = x + self.drop_path2(self.norm2(self._mlp(x, grid)))
             return (x, attn) if return_attn else x
-        x = residual_add(x, self.drop_path1(self.ls1(y)), inplace)
-        x = residual_add(x, self.drop_path2(self.ls2(self._mlp(self.norm2(x), grid))), inplace)
+        x = x + self.drop_path1(self.ls1(y))
+        x = x + self.drop_path2(self.ls2(self._mlp(self.norm2(x), grid)))
         return (x, attn) if return_attn else x
 
     def _mlp(self, x: torch.Tensor, grid: tuple[int, int] | None) -> torch.Tensor:
@@ -151,7 +146,7 @@ class Block(nn.Module):
             and self.norm1.eps == self.norm2.eps
             and all(lin.bias is not None for lin in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2)) and attn.q_bias is None
         )
-        return plain and not has_hooks(self)
+        return plain and not _has_hooks(self)
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:
         attn, mlp = self.attn, self.mlp
@@ -163,3 +158,9 @@ class Block(nn.Module):
             mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, None, None,  # no mask
         )
 
+
+def _has_hooks(module: nn.Module) -> bool:
+    """Any forward (pre-)hook on the module, its children, or registered globally."""
+    if _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())

@@ -9,7 +9,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from ..errors import ConfigError
 from ..onednn import AVAILABLE as _ONEDNN_LINEAR
 from ..onednn import OneDnnLinear, mm_t
-from .inplace import activate, inplace_applies
 
 
 class Linear(nn.Linear):
@@ -60,10 +59,6 @@ def make_act(name: str) -> nn.Module:
 class Mlp(nn.Module):
     """fc1 -> act -> fc2 (the ViT paper's MLP)."""
 
-    # inference applies the activation in fc1's output (layers/inplace.py); off (timm's path) until
-    # vitkit.hardware.apply_fast_paths sets it for this machine
-    inplace_inference: bool = False
-
     def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
         super().__init__()
         self.fc1 = Linear(dim, hidden, bias=bias)
@@ -73,8 +68,7 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        inplace = self.inplace_inference and inplace_applies(self, x)
-        return self.drop2(self.fc2(self.drop1(activate(self.act, self.fc1(x), inplace))))
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
 class SwiGLU(nn.Module):
@@ -122,7 +116,6 @@ class DepthwiseConvMlp(nn.Module):
     token, in the row-major order of the patch embedding."""
 
     needs_grid = True  # Block passes the patch grid (gh, gw)
-    inplace_inference: bool = False  # as Mlp's: the activation in the conv's output
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
         super().__init__()
@@ -145,8 +138,7 @@ class DepthwiseConvMlp(nn.Module):
         patches = h[:, prefix:].transpose(1, 2).reshape(B, C, gh, gw)  # [B, C, Gh, Gw], a channels-last view
         patches = self.dwconv(patches).flatten(2).transpose(1, 2)  # [B, N, C]
         h = torch.cat([h[:, :prefix], patches], dim=1) if prefix else patches  # [B, P + N, C]
-        inplace = self.inplace_inference and inplace_applies(self, x)
-        return self.drop2(self.fc2(self.drop1(activate(self.act, h, inplace))))
+        return self.drop2(self.fc2(self.drop1(self.act(h))))
 
 
 # MLP layers by the name a config stores (ViTConfig.mlp_layer); each takes (dim, hidden, act, drop, bias)
