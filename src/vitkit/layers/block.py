@@ -6,7 +6,7 @@ from torch import nn
 from torch.nn.modules import module as _nn_module
 
 from .attention import Attention
-from .mlp import Mlp
+from .mlp import Mlp, mlp_needs_grid
 from .rel_pos import RelPosMlp
 from .tome import TokenMatch, merge_wavg
 
@@ -71,7 +71,7 @@ class Block(nn.Module):
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), act=act, drop=proj_drop)
-        self.mlp_needs_grid = getattr(mlp_layer, "needs_grid", False)  # a conv MLP (layers/mlp.py) takes the grid
+        self.mlp_needs_grid = mlp_needs_grid(mlp_layer)  # a conv MLP (layers/mlp.py) takes the grid
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if post_norm and init_values:  # post-norm blocks start their norms' gains small instead (timm's init)

@@ -141,6 +141,11 @@ class DepthwiseConvMlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(h))))
 
 
+def mlp_needs_grid(mlp_layer: type[nn.Module]) -> bool:
+    """Whether an MLP layer class convolves over the patch grid (`needs_grid`: Block then passes it (gh, gw))."""
+    return getattr(mlp_layer, "needs_grid", False)
+
+
 # MLP layers by the name a config stores (ViTConfig.mlp_layer); each takes (dim, hidden, act, drop, bias)
 MLP_LAYERS: dict[str, type[nn.Module]] = {"mlp": Mlp, "swiglu": SwiGLU, "swiglu_packed": SwiGLUPacked,
                                           "mlp_dwconv": DepthwiseConvMlp}

@@ -110,6 +110,7 @@ class ViTConfig(ModelConfig):
                 raise ConfigError(msg)
 
         from ..layers import EMBED_LAYERS, MLP_LAYERS, ROPES
+        from ..layers.mlp import mlp_needs_grid
 
         need(self.embed_layer in EMBED_LAYERS, f"embed_layer must be one of {sorted(EMBED_LAYERS)}, got {self.embed_layer!r}")
         need(self.mlp_layer in MLP_LAYERS, f"mlp_layer must be one of {sorted(MLP_LAYERS)}, got {self.mlp_layer!r}")
@@ -144,7 +145,7 @@ class ViTConfig(ModelConfig):
 
             check_merge(self.merge, self.grid_size[0] * self.grid_size[1])
             # merged tokens have no single position: rotary and relative-position terms need one per token
-            need(not getattr(MLP_LAYERS[self.mlp_layer], "needs_grid", False), f"merge={self.merge}: token merging "
+            need(not mlp_needs_grid(MLP_LAYERS[self.mlp_layer]), f"merge={self.merge}: token merging "
                  f"leaves no patch grid for mlp_layer={self.mlp_layer!r} to convolve (valid: merge=0, or another "
                  "mlp_layer)")
             need(self.rope == "none" and self.rel_pos == "none",

@@ -28,6 +28,7 @@ from ..layers import (
     resample_pos_embed,
     sincos_2d_pos_embed,
 )
+from ..layers.mlp import mlp_needs_grid
 from ..layers.naflex import PatchBatch, key_padding_mask
 from ..layers.patch_embed import adapt_in_chans, kept_original, resample_patch_kernel, to_2tuple
 from ..layers.tome import merge_schedule
@@ -486,7 +487,7 @@ class VisionTransformer(nn.Module):
     def _grid_aware(self) -> bool:
         """Whether blocks need the input's patch grid (rotary positions, relative position biases, a conv MLP)."""
         return self.rope is not None or self.cfg.rel_pos != "none" \
-            or getattr(MLP_LAYERS[self.cfg.mlp_layer], "needs_grid", False)
+            or mlp_needs_grid(MLP_LAYERS[self.cfg.mlp_layer])
 
     def _block_biases(self, grid: tuple[int, int] | None, keep: torch.Tensor | None = None) -> list:
         if self.cfg.rel_pos == "none":
