@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -304,3 +306,139 @@ def test_training_attention_switch_applies_under_grad_only_and_gives_the_same_gr
     ref_out, ref_g = grads(True)
     assert len(calls) == 2
     assert _cos(out, ref_out) > 0.999 and all(_cos(a, b) > 0.99 for a, b in zip(g, ref_g))
+
+
+def test_packed_linear_equals_f_linear_packs_once_and_follows_the_weight():
+    """The `packed_linear` path (inference): the weight packed once per row count for its kernel, the numbers
+    F.linear gives; a new row count packs again (at most PackCache.keep kept), an in-place change of the weight is
+    seen, a copy starts with no packs, and grad, FLOP counters and bf16 autocast are what they are without it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import vitkit.onednn as onednn
+    from vitkit.layers.mlp import Linear
+
+    torch.manual_seed(0)
+    lin = Linear(192, 576)
+    lin.packed = True
+    x = torch.randn(2, 197, 192)
+    with torch.inference_mode():
+        out = lin(x)
+        cache = lin._packs
+        (first,) = cache.packs.values()
+        assert (out - F.linear(x, lin.weight, lin.bias)).abs().max() <= 1e-5
+        assert torch.equal(lin(x), out) and next(iter(cache.packs.values())) is first  # packed once, reused
+        for rows in (5, 7):  # two more row counts: the oldest pack goes
+            assert (lin(x[:1, :rows]) - F.linear(x[:1, :rows], lin.weight, lin.bias)).abs().max() <= 1e-5
+        assert len(cache.packs) == cache.keep == 2 and all(p is not first for p in cache.packs.values())
+        with torch.autocast("cpu", torch.bfloat16):
+            auto, ref = lin(x), F.linear(x, lin.weight, lin.bias)
+        assert auto.dtype == ref.dtype == torch.bfloat16 and (auto.float() - ref.float()).abs().max() <= 0.05
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)  # an in-place change (as load_state_dict makes): packed again from the new values
+        assert (lin(x) - F.linear(x, lin.weight, lin.bias)).abs().max() <= 1e-5
+        twin = copy.deepcopy(lin)
+        assert twin._packs.packs == {} and (twin(x) - lin(x)).abs().max() <= 1e-5
+        with FlopCounterMode(display=False) as counter:
+            lin(x)  # a dispatch mode sees the plain op
+    assert counter.get_total_flops() == 2 * 2 * 197 * 192 * 576
+    if onednn.MKL_PACKED:
+        assert "mkl" in {key[0] for key in cache.packs}  # fp32: MKL's packed sgemm, unless oneDNN's is on
+    out = lin(x.requires_grad_())  # under grad: F.linear, with its backward
+    assert out.grad_fn is not None and torch.equal(out, F.linear(x, lin.weight, lin.bias))
+    half = copy.deepcopy(lin).to(torch.bfloat16)  # bf16 weights: oneDNN's packed bf16 matmul
+    with torch.inference_mode():
+        xb = x.detach().bfloat16()
+        assert (half(xb).float() - F.linear(xb, half.weight, half.bias).float()).abs().max() <= 0.05
+        assert {key[0] for key in half._packs.packs} == {half.packed_plan(torch.bfloat16)[1]}
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_mlp_runs_fc1_and_gelu_as_one_matmul_where_fc1_is_packed_in_onednn(act, monkeypatch):
+    import vitkit.layers.mlp as mlp_module
+
+    calls = []
+    real = mlp_module.linear_gelu
+    monkeypatch.setattr(mlp_module, "linear_gelu", lambda *a: calls.append(1) or real(*a))  # counts, then runs it
+    torch.manual_seed(0)
+    mlp = mlp_module.Mlp(192, 768, act=act).eval()
+    x = torch.randn(2, 50, 192)
+    with torch.inference_mode():
+        plain = mlp(x)
+        assert calls == []  # layers default to timm's path
+        mlp.fc1.packed = mlp.fc2.packed = True  # what vitkit.hardware sets where packed_linear is on
+        fp32_fused = mlp.fc1.packed_plan(torch.float32)[1] == "onednn"  # MKL's packed sgemm has no GELU epilogue
+        before = x.clone()
+        assert (mlp(x) - plain).abs().max() <= 1e-5 and len(calls) == fp32_fused
+        assert torch.equal(x, before)  # without the epilogue the GELU runs in place on fc1's output, not on x
+        mlp.fc1.onednn = True  # fp32 linears in oneDNN (an `onednn_linear` machine): the GELU rides in fc1's matmul
+        assert (mlp(x) - plain).abs().max() <= 1e-5 and len(calls) == 1 + fp32_fused
+        calls.clear()
+        with torch.autocast("cpu", torch.bfloat16):  # bf16 runs oneDNN: fused
+            auto = mlp(x)
+        assert auto.dtype == torch.bfloat16 and _cos(auto, plain) > 0.999 and calls == [1]
+        seen = []
+        hook = mlp.act.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        try:  # a hook on the activation must see its call: the module path runs
+            assert (mlp(x) - plain).abs().max() <= 1e-5 and seen == [(2, 50, 768)] and calls == [1]
+        finally:
+            hook.remove()
+    out = mlp(x)  # under grad: the module path, with its backward
+    out.sum().backward()
+    assert calls == [1] and mlp.fc1.weight.grad is not None
+
+
+def test_packed_linear_shared_by_threads_with_changing_batch_shapes():
+    """A server's worker threads share one model: packs of three row counts made and dropped concurrently (two
+    kept) must neither fail nor mix shapes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vitkit.layers.mlp import Linear
+
+    torch.manual_seed(0)
+    lin = Linear(64, 96)
+    lin.packed = True
+    xs = [torch.randn(rows, 64) for rows in (3, 5, 7)]
+    want = [F.linear(x, lin.weight, lin.bias) for x in xs]
+
+    def call(i: int) -> bool:
+        with torch.inference_mode():
+            return bool((lin(xs[i % 3]) - want[i % 3]).abs().max() <= 1e-5)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(call, range(120)))
+    assert len(lin._packs.packs) <= lin._packs.keep
+
+
+def test_packed_bf16_is_widened_to_fp32_where_onednn_has_no_bf16_kernel():
+    """Under the AVX2 cap oneDNN has no bf16 matmul (its reorder raised in `vitkit bench`'s bf16 rows): a packed
+    layer then widens its bf16-rounded operands to fp32 (exact), multiplies there and rounds the output to bf16,
+    what a bf16 matmul with fp32 accumulation computes; the MLP's GELU is not fused there."""
+    code = """
+import torch, torch.nn.functional as F
+from vitkit import onednn
+from vitkit.layers.mlp import Linear, Mlp
+assert not onednn.BF16
+torch.manual_seed(0)
+mlp = Mlp(32, 64).eval()
+mlp.fc1.packed = mlp.fc2.packed = True
+assert mlp.fc1.packed_plan(torch.bfloat16)[0] == torch.float32
+x = torch.randn(2, 5, 32)
+def close(a, b):
+    return a.dtype == b.dtype == torch.bfloat16 and (a.float() - b.float()).abs().max() <= 0.02 * b.float().abs().max()
+with torch.inference_mode():
+    ref = mlp.fc2(F.gelu(F.linear(x, mlp.fc1.weight, mlp.fc1.bias)))
+    assert (mlp(x) - ref).abs().max() <= 1e-5
+    with torch.autocast("cpu", torch.bfloat16):
+        got, want = mlp.fc1(x), F.linear(x, mlp.fc1.weight, mlp.fc1.bias)
+        assert close(got, want) and mlp(x).dtype == torch.bfloat16
+    half = mlp.to(torch.bfloat16)
+    xb = x.bfloat16()
+    assert close(half.fc1(xb), F.linear(xb, half.fc1.weight, half.fc1.bias))
+    assert close(half(xb), half.fc2(F.gelu(F.linear(xb, half.fc1.weight, half.fc1.bias))))
+    assert {key[3] for key in half.fc1._packs.packs} == {torch.float32}
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items()} | {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

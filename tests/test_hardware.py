@@ -32,18 +32,19 @@ ZEN3 = Capabilities(cpu="AMD EPYC 7763", vendor="AuthenticAMD", avx2=True)
 SAPPHIRE_RAPIDS = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True, avx512_bf16=True, amx=True)
 SKYLAKE_SP = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True)
 PATHS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-         "matmul_attention_training", "native_encoder", "channels_last_training", "onnx_runtime")
+         "matmul_attention_training", "native_encoder", "packed_linear", "channels_last_training", "onnx_runtime")
 
 
 def _on(d) -> dict[str, bool]:
     return {p: getattr(d, p) for p in PATHS}
 
 
-def _paths(bf16: bool, onednn: bool) -> dict[str, bool]:
-    """The flag rules: the bf16 paths go together (native bf16), oneDNN's linear apart, ONNX Runtime never, and
-    channels-last training never (it is decided only by timing the model at hand: training/memory_format.py)."""
+def _paths(bf16: bool, onednn: bool, packed: bool = False) -> dict[str, bool]:
+    """The flag rules: the bf16 paths go together (native bf16), oneDNN's linear apart, packed linears with AMX
+    (the one kind they were measured on), ONNX Runtime never, and channels-last training never (it is decided
+    only by timing the model at hand: training/memory_format.py)."""
     return dict(bf16=bf16, bf16_training=bf16, onednn_linear=onednn, onednn_linear_training=onednn,
-                matmul_attention=bf16, matmul_attention_training=bf16, native_encoder=bf16,
+                matmul_attention=bf16, matmul_attention_training=bf16, native_encoder=bf16, packed_linear=packed,
                 channels_last_training=False, onnx_runtime=False)
 
 
@@ -51,7 +52,7 @@ def _paths(bf16: bool, onednn: bool) -> dict[str, bool]:
     (ZEN4, _paths(bf16=True, onednn=True)),
     (ZEN3, _paths(bf16=False, onednn=False)),
     # Intel's MKL runs AVX-512 itself: oneDNN's linear is not measured to win there
-    (SAPPHIRE_RAPIDS, _paths(bf16=True, onednn=False)),
+    (SAPPHIRE_RAPIDS, _paths(bf16=True, onednn=False, packed=True)),
     (SKYLAKE_SP, _paths(bf16=False, onednn=False)),
     (Capabilities(arch="aarch64"), dict.fromkeys(PATHS, False)),
 ], ids=["zen4", "zen3", "sapphire-rapids", "skylake-sp", "arm"])
@@ -80,7 +81,7 @@ def test_cuda_rules(cc, bf16):
     d = decide(Capabilities(cuda=True, gpu="GPU", cuda_capability=cc), "cuda")
     assert d.bf16 is bf16 and d.device == "cuda"
     # the CPU fast paths are CPU-only; the native encoder kernel was measured on CPUs only
-    assert not (d.onednn_linear or d.matmul_attention or d.native_encoder or d.onnx_runtime)
+    assert not (d.onednn_linear or d.matmul_attention or d.native_encoder or d.packed_linear or d.onnx_runtime)
 
 
 def test_overrides_and_their_errors(monkeypatch):

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-SWITCHES = ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training")
+SWITCHES = ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training", "packed")
 
 SCRIPT = r"""
 import json, sys
@@ -31,7 +31,8 @@ for name, kw in runs.items():
     t.setup()
     found = {}
     for mname, m in t.task.named_modules():
-        for s in ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training"):
+        for s in ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training",
+                  "packed"):
             if isinstance(getattr(m, s, None), bool):
                 found.setdefault(s, []).append([("model" if mname.startswith("model.") else "head"), getattr(m, s)])
     out[name] = found
@@ -62,7 +63,7 @@ def test_forced_paths_reach_the_task_heads_too(tmp_path):
     layer default (the decisions are applied to the task, not only to the model)."""
     got = _switches(tmp_path, VITKIT_FAST_PATHS="native_encoder=on,matmul_attention=on,"
                                                "matmul_attention_training=on,onednn_linear=on,"
-                                               "onednn_linear_training=on")
+                                               "onednn_linear_training=on,packed_linear=on")
     for task, found in got.items():
         off = {s: [w for w, v in vals if not v] for s, vals in found.items()}
         assert not any(off.values()), (task, off)

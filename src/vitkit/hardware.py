@@ -36,6 +36,11 @@ Rules (a decision's `why` says which one applied):
                     (the matmul form measured 0.80x it for inference on the same machine).
   native_encoder    torch's fused encoder-layer kernel for bf16 inference: with native bf16 only (Zen 4:
                     1.07x); not measured elsewhere.
+  packed_linear     inference linears on weights packed once per batch shape for their kernel (MKL's packed
+                    sgemm in fp32, as inductor's freezing does; oneDNN's blocked layout in bf16, with an MLP's
+                    GELU in fc1's matmul, or in place on fc1's output where the kernel is MKL's): with AMX (a
+                    2-core Xeon: ViT-S/16 inference 1.04-1.13x timm, fp32 and bf16, batch 1 and 8); not measured
+                    elsewhere.
   channels_last_training
                     convolution weights in channels-last (NHWC) order for training, so oneDNN runs its NHWC
                     kernels without reordering each call: decided on the model at hand, by timing its own
@@ -49,8 +54,9 @@ Rules (a decision's `why` says which one applied):
 
 Decided by measurement (issue 22: two Zen 4 machines with the same flags differed 2x in oneDNN throughput,
 so no rule of the flags can hold everywhere): the first command that needs a decision times each measurable
-path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, bf16
-attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a training step of a
+path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, one block's
+linears on packed weights vs F.linear at batch 1 and 8 in fp32 and bf16 (their geometric mean, counted only where
+none is slower), bf16 attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a training step of a
 pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, the block in bf16 autocast vs fp32, and
 the fp32 linear with its backward, oneDNN vs F.linear; ViT-S shapes (training: also the fashion-mnist model's), a few
 seconds, said in one line) and caches the ratios per machine fingerprint (`machine_key`: CPU model, flags,
@@ -74,6 +80,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 from dataclasses import dataclass, field
@@ -86,11 +93,12 @@ from .errors import ConfigError
 from .timing import paired_ratio, paired_times
 
 DECISIONS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-             "matmul_attention_training", "native_encoder", "channels_last_training", "onnx_runtime")
+             "matmul_attention_training", "native_encoder", "packed_linear", "channels_last_training", "onnx_runtime")
 # what `measure` times (CPU)
 MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-              "matmul_attention_training", "native_encoder")
-NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training")  # timed only where this torch build has oneDNN
+              "matmul_attention_training", "native_encoder", "packed_linear")
+# timed only where this torch build has oneDNN
+NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training", "packed_linear")
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 EMULATED_BF16 = 0.5  # bf16 linears under this ratio to fp32: emulated bf16, whose other paths are not timed
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
@@ -249,6 +257,7 @@ class Decisions:
     matmul_attention: bool  # inference (no grad)
     matmul_attention_training: bool  # under grad (training: forward and backward)
     native_encoder: bool
+    packed_linear: bool  # inference: linear weights packed once for their kernel, an MLP's GELU in fc1's matmul
     channels_last_training: bool  # convolution weights (and so their outputs) in channels-last order in training
     onnx_runtime: bool
     why: dict[str, str] = field(default_factory=dict, compare=False)
@@ -293,6 +302,16 @@ def _onednn_rule(caps: Capabilities, device: str) -> tuple[bool, str]:
     return False, _UNMEASURED
 
 
+def _packed_rule(caps: Capabilities, device: str) -> tuple[bool, str]:
+    if device == "cuda":
+        return False, "CPU only"
+    if not caps.onednn:
+        return False, "this torch build has no oneDNN linear"
+    if caps.amx:
+        return True, "Xeon with AMX: ViT-S/16 inference 1.04-1.13x timm (fp32 and bf16, batch 1 and 8)"
+    return False, _UNMEASURED
+
+
 def _native_bf16_rule(measured: str, caps: Capabilities, device: str) -> tuple[bool, str]:
     if device == "cuda":
         return False, "measured on CPUs only; " + _UNMEASURED
@@ -325,6 +344,7 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
                                               caps, device),
         "matmul_attention_training": _native_bf16_rule("2-5x faster than SDPA's flash kernel", caps, device),
         "native_encoder": _native_bf16_rule("1.07x the module path", caps, device),
+        "packed_linear": _packed_rule(caps, device),
         "channels_last_training": (False, "off where measuring is off: timm trains convolutions in NCHW; when "
                                           "measuring, decided on each model's own training step (training/"
                                           "memory_format.py)"),
@@ -495,6 +515,35 @@ def _slow_encoder_layer(layer, x):
         torch.backends.mha.set_fastpath_enabled(True)
 
 
+def _packed_block(dtype: torch.dtype, kernel: str, rows: int, dim: int, rounds: int, g,
+                  compute: torch.dtype | None = None) -> float:
+    """The ratio timm's path / the `packed_linear` path over one ViT block's linears on `rows` tokens of width `dim`
+    in `dtype`: qkv, proj, GELU(fc1), fc2 by F.linear (and F.gelu), against weights packed for `kernel` (bf16 runs
+    oneDNN) with fc1's GELU in the matmul where that is oneDNN, as layers.mlp.Linear and Mlp run them; `compute`:
+    the packed side widens its operands to that dtype and rounds its outputs back (bf16 without oneDNN's kernel).
+    Without the epilogue, fc1's GELU runs in place, as in Mlp."""
+    compute = compute or dtype
+    shapes = ((dim, 3 * dim), (dim, dim), (dim, 4 * dim), (4 * dim, dim))  # (in, out): qkv, proj, fc1, fc2
+    x, h = torch.randn(rows, dim, generator=g).to(dtype), torch.randn(rows, 4 * dim, generator=g).to(dtype)  # [T, .]
+    ws = [torch.randn(d_out, d_in, generator=g).to(dtype) for d_in, d_out in shapes]  # [out, in]: qkv, proj, fc1, fc2
+    wide = [w.to(compute) for w in ws]
+    packs = [onednn.pack(w, rows, kernel) for w in wide]
+    linear, gelu = torch.nn.functional.linear, torch.nn.functional.gelu
+    fused = kernel == "onednn" and compute == dtype
+
+    def timm_path():
+        return linear(x, ws[0]), linear(x, ws[1]), gelu(linear(x, ws[2])), linear(h, ws[3])
+
+    def run(i: int, inp: torch.Tensor) -> torch.Tensor:
+        return onednn.packed_linear(inp.to(compute), packs[i], wide[i], None, kernel).to(dtype)
+
+    def packed():
+        fc1 = onednn.linear_gelu(x, packs[2]) if fused else torch.ops.aten.gelu_(run(2, x))  # as Mlp runs it
+        return run(0, x), run(1, x), fc1, run(3, h)
+
+    return _paired_median(timm_path, packed, rounds)
+
+
 def _attention(q, k, v, matmul: bool):
     """[B, H, N, Dh] -> [B, H, N, Dh]: SDPA (timm's path) or two matmuls + softmax."""
     if matmul:
@@ -575,6 +624,19 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
         # the other bf16 paths are timed only where bf16 is not emulated: under the AVX2 cap of a Zen 4 timing
         # them took 64 s (the issue allows 20), and with bf16 linears at a fifth of fp32 none of them can win
         bf16_timed = ratios["bf16"] >= EMULATED_BF16
+        if onednn.AVAILABLE:
+            fp32_kernel = "onednn" if ratios["onednn_linear"] >= MEASURED_WIN or not onednn.MKL_PACKED else "mkl"
+            precisions = ((torch.float32, fp32_kernel), (torch.bfloat16, "onednn"))[:1 + (bf16_timed and onednn.BF16)]
+            # at batch 1 and 8: the gain spans 1.04x (fp32, batch 8) to 1.2x (batch 1) on a Xeon with AMX, so the
+            # ratio is their geometric mean, and it counts only where no case is slower than timm's path
+            cases = [_packed_block(dtype, kernel, rows, dim, rounds, g) for dtype, kernel in precisions
+                     for rows in (tokens // 8, tokens)]
+            # where oneDNN has no bf16 matmul, bf16 is widened to fp32 (layers.mlp.Linear.packed_plan): that must
+            # not lose either (batch 1 only: emulated bf16 is slow to time)
+            widened = [] if onednn.BF16 else [_packed_block(torch.bfloat16, fp32_kernel, tokens // 8, dim,
+                                                            max(3, rounds // 3), g, compute=torch.float32)]
+            worst = min(cases + widened)
+            ratios["packed_linear"] = math.prod(cases) ** (1 / len(cases)) if worst >= 1.0 else worst
         ratios["native_encoder"] = ratios["matmul_attention"] = None  # None: not timed, the flag rule decides
         if bf16_timed:
             layer = torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
@@ -659,12 +721,12 @@ def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tup
 def apply_fast_paths(model: torch.nn.Module, decisions: Decisions, *, training: bool = False) -> dict[str, int]:
     """Set each module's fast-path switch to the decision, where the module has that switch:
     `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`
-    (linear layers). `training` (a model about to be trained, before its optimiser is made): the convolutions'
-    weights also take the order `channels_last_training` decided (counted as "channels_last").
+    and `packed` (linear layers; an MLP fuses its GELU where its fc1 is packed). `training` (a model about to be trained, before its optimiser is made):
+    the convolutions' weights also take the order `channels_last_training` decided (counted as "channels_last").
     Returns how many modules each switch was set on."""
     switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
                 "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear,
-                "onednn_training": decisions.onednn_linear_training}
+                "onednn_training": decisions.onednn_linear_training, "packed": decisions.packed_linear}
     counts = dict.fromkeys(switches, 0)
     for module in model.modules():
         for attr, on in switches.items():

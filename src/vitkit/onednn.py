@@ -1,16 +1,89 @@
-"""oneDNN's fp32 matmul as a linear layer's kernel, forward and backward: the fast path behind `layers.mlp.Linear`
-(switched per machine by vitkit.hardware, which also times it). Kept below both, so the measurement times the
-very function the layer runs."""
+"""The CPU linear kernels behind `layers.mlp.Linear` and `layers.mlp.Mlp`'s fast paths: oneDNN's fp32 matmul,
+forward and backward; weights packed once for the kernel that multiplies by them (inference); fc1 with its GELU in
+one matmul (inference). Each is switched per machine by vitkit.hardware, which also times it. Kept below both, so
+the measurement times the very functions the layers run."""
 from __future__ import annotations
+
+import threading
 
 import torch
 
 AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# oneDNN's bf16 matmuls, which need AVX512BW/VL/DQ or AVX-NE-CONVERT (false under ONEDNN_MAX_CPU_ISA=AVX2)
+BF16 = AVAILABLE and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+# MKL's packed sgemm (what inductor's freezing runs for fp32 linears): the weight laid out once for MKL
+MKL_PACKED = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
 def mm_t(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b.T (+ bias) by oneDNN; a [..., K], b [N, K]."""
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
+def linear_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                approximate: str = "none") -> torch.Tensor:
+    """GELU(a @ b.T + bias) in one oneDNN matmul, the GELU applied in its epilogue (no separate pass over the
+    [..., N] output); a [..., K], b [N, K] (or `pack`ed for "onednn"); approximate: "none" (erf) or "tanh", as
+    F.gelu. Inference only: the op has no backward."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "gelu", [], approximate)
+
+
+def pack(weight: torch.Tensor, rows: int, kernel: str) -> torch.Tensor:
+    """weight [N, K] laid out for `kernel` multiplying inputs of `rows` rows: "mkl" (MKL's packed sgemm, fp32) or
+    "onednn" (oneDNN's blocked layout, any dtype it runs)."""
+    if kernel == "mkl":
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  kernel: str) -> torch.Tensor:
+    """x @ weight.T + bias, x [..., K], with `packed` = pack(weight, rows of x, kernel) (in x's dtype); bias in x's
+    dtype. MKL runs its packed form only for the row count it was packed for (else the plain sgemm)."""
+    if kernel == "mkl":
+        rows = x.numel() // x.shape[-1]
+        out = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, weight, bias, rows)  # [rows, N]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class PackCache:
+    """One linear weight's packs (`pack`), per (kernel, rows, dtype, compute dtype), for the weight's current values,
+    each with the weight as the kernel reads it (MKL's fallback for other row counts needs it): a new tensor
+    or an in-place change (its version counter) empties it. Keeps the `keep` most recently used, so a model run at
+    one batch size (and its last, smaller batch) packs once and holds at most `keep` extra copies of its weights.
+    A copy or pickle of the module holding it starts empty: packs are derived from the weight. A lock keeps it
+    whole where threads share a model (a server's workers)."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self.stamp: tuple[int, int] | None = None
+        self.packs: dict[tuple, torch.Tensor] = {}
+        self.lock = threading.Lock()
+
+    def get(self, weight: torch.Tensor, rows: int, dtype: torch.dtype, compute: torch.dtype,
+            kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed, plain): the weight rounded to `dtype`, then held in `compute` (wider where `dtype`'s kernel is
+        missing: exact), packed for `kernel` and `rows`; and that weight unpacked."""
+        stamp, key = (weight.data_ptr(), weight._version), (kernel, rows, dtype, compute)
+        with self.lock:
+            if stamp != self.stamp:
+                self.packs.clear()
+                self.stamp = stamp
+            packed = self.packs.pop(key, None)
+            if packed is None:
+                plain = weight.detach().to(dtype).to(compute)  # [N, K]
+                packed = pack(plain, rows, kernel), plain
+            self.packs[key] = packed  # the most recently used last
+            while len(self.packs) > self.keep:
+                del self.packs[next(iter(self.packs))]
+            return packed
+
+    def __deepcopy__(self, memo) -> PackCache:
+        return PackCache(self.keep)
+
+    def __reduce__(self):
+        return PackCache, (self.keep,)
 
 
 class OneDnnLinear(torch.autograd.Function):

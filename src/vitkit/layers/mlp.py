@@ -8,7 +8,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from ..errors import ConfigError
 from ..onednn import AVAILABLE as _ONEDNN_LINEAR
-from ..onednn import OneDnnLinear, mm_t
+from ..onednn import BF16 as _ONEDNN_BF16
+from ..onednn import MKL_PACKED, OneDnnLinear, PackCache, linear_gelu, mm_t, packed_linear
 
 
 class Linear(nn.Linear):
@@ -20,21 +21,87 @@ class Linear(nn.Linear):
     Autocast, other dtypes, compiled or traced code and dispatch modes (FlopCounterMode, fake tensors)
     keep F.linear: inductor and the exporters have their own kernels, and the counters do not know it.
     `onednn` (inference) and `onednn_training` (under grad) are the switches `vitkit.hardware` sets per machine
-    from what it measured there (off: timm's F.linear)."""
+    from what it measured there (off: timm's F.linear). `packed` (inference, no grad; `packed_linear`) runs the
+    matmul on the weight packed once per input row count (`packed_weight`), fp32 by MKL's packed sgemm, bf16 and
+    bf16 autocast by oneDNN: the same numbers in fp32, without laying the weight out again on every call."""
 
     onednn: bool = False  # timm's path until vitkit.hardware.apply_fast_paths decides
     onednn_training: bool = False  # the same under grad (forward and backward), decided apart: hardware.py
+    # inference (no grad): the weight packed once per input row count for its kernel (`packed_plan`)
+    packed: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grad = torch.is_grad_enabled()
+        if not grad and self.packed and _ONEDNN_LINEAR and _eager_cpu(x):
+            dtype = _packed_dtype(x, self.weight)
+            if dtype is not None:
+                return self._packed_forward(x, dtype)
         if ((self.onednn_training if grad else self.onednn) and _ONEDNN_LINEAR and x.dtype == torch.float32
-                and x.device.type == "cpu" and self.weight.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-                and _current_dispatch_mode() is None):
+                and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and _eager_cpu(x)):
             if not grad:
                 return mm_t(x, self.weight, self.bias)
             return OneDnnLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def _packed_forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The packed inference matmul in `dtype` (`packed_plan`): x and bias rounded to `dtype` as F.linear's
+        inputs are, then widened where the plan computes wider, the output rounded back to `dtype`."""
+        compute, kernel = self.packed_plan(dtype)
+        packed, weight = self.packed_weight(x, dtype, compute, kernel)
+        bias = None if self.bias is None else self.bias.to(dtype).to(compute)
+        return packed_linear(x.to(dtype).to(compute), packed, weight, bias, kernel).to(dtype)
+
+    def packed_plan(self, dtype: torch.dtype) -> tuple[torch.dtype, str]:
+        """(compute dtype, kernel) of a packed inference matmul asked for in `dtype`. fp32: MKL's packed sgemm,
+        unless this machine runs fp32 linears in oneDNN (`onednn`). bf16: oneDNN's bf16 matmul; where oneDNN has
+        none (no AVX512BW/VL/DQ, no AVX-NE-CONVERT: bf16 emulated), the bf16-rounded operands widened to fp32 (exact)
+        and multiplied there, the fp32 accumulation a bf16 matmul does, at fp32 speed (OpenVINO runs its bf16 hint
+        in f32 on such CPUs too)."""
+        if dtype == torch.bfloat16 and _ONEDNN_BF16:
+            return dtype, "onednn"
+        return torch.float32, ("mkl" if MKL_PACKED and not self.onednn else "onednn")
+
+    def packed_weight(self, x: torch.Tensor, dtype: torch.dtype, compute: torch.dtype,
+                      kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight rounded to `dtype`, held in `compute`, packed for `kernel` and x's row count, with its unpacked
+        form; cached on the module (onednn.PackCache): on a 2-core Xeon with AMX, MKL's packed sgemm ran ViT-S/16's
+        fp32 linears 1.04-1.22x F.linear (batch 8 and 1) with the same numbers, since MKL's plain sgemm packs the
+        weight's panels inside every call."""
+        cache = self.__dict__.get("_packs")
+        if cache is None:
+            cache = self._packs = PackCache()
+        return cache.get(self.weight, x.numel() // x.shape[-1], dtype, compute, kernel)
+
+
+def _eager_cpu(x: torch.Tensor) -> bool:
+    """x on the CPU in plain eager code: not compiled, traced or under a dispatch mode (FlopCounterMode, fake
+    tensors), where inductor and the exporters have their own kernels and the counters know only standard ops."""
+    return (x.device.type == "cpu" and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and _current_dispatch_mode() is None)
+
+
+def _hooked(*modules: nn.Module) -> bool:
+    """True where a forward hook (on one of these modules, or global) would miss a call a fused kernel skips."""
+    from torch.nn.modules import module as m
+
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks
+                or any(x._forward_hooks or x._forward_pre_hooks for x in modules))
+
+
+def _packed_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+    """The dtype a packed inference matmul runs in, as F.linear would: bf16 under CPU bf16 autocast, else x's own
+    where weight and x share fp32 or bf16; None where no packed kernel covers it (fp16, mixed dtypes)."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.bfloat16 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
+    return x.dtype if x.dtype == weight.dtype and x.dtype in (torch.float32, torch.bfloat16) else None
+
+
+def _hooked(*modules: nn.Module) -> bool:
+    """True where a forward hook (on one of these modules, or global) would miss a call a fused kernel skips."""
+    from torch.nn.modules import module as m
+
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks
+                or any(x._forward_hooks or x._forward_pre_hooks for x in modules))
 
 
 class QuickGELU(nn.Module):
@@ -57,7 +124,15 @@ def make_act(name: str) -> nn.Module:
 
 
 class Mlp(nn.Module):
-    """fc1 -> act -> fc2 (the ViT paper's MLP)."""
+    """fc1 -> act -> fc2 (the ViT paper's MLP).
+
+    Where fc1 runs on packed weights (its `packed` switch, vitkit.hardware's `packed_linear`), inference (no grad)
+    on the CPU keeps the [B, N, hidden] activation to one buffer, written once: in oneDNN (bf16, bf16 autocast, fp32
+    where `onednn` is on) fc1 and its GELU run as one matmul with the GELU in its epilogue; MKL's packed fp32 sgemm
+    has no epilogue, so the GELU runs in place on fc1's output, a tensor only this call holds. On a 2-core Xeon
+    with AMX the in-place GELU took ViT-S/16 batch-8 fp32 inference from 1.00-1.02x timm (packed fc1, then a GELU
+    into a second buffer) to 1.25-1.34x, the same numbers bit for bit (BENCHMARKS.md, "Packed weights"). Not under
+    grad, with hooks on fc1 or act, or for other activations."""
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
         super().__init__()
@@ -68,7 +143,26 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() and getattr(self.fc1, "packed", False):
+            h = self._packed_fc1_gelu(x)
+            if h is not None:
+                return self.drop2(self.fc2(h))  # [..., D]; drop1 is inactive where the fused path runs
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+    def _packed_fc1_gelu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """GELU(fc1(x)) [..., hidden] on fc1's packed weight in one buffer (see the class), or None where that path
+        does not apply."""
+        fc1, act = self.fc1, self.act
+        if not (_ONEDNN_LINEAR and type(act) is nn.GELU and type(fc1) is Linear and _eager_cpu(x)
+                and (self.drop1.p == 0.0 or not self.training) and not _hooked(fc1, act, self.drop1)):
+            return None
+        dtype = _packed_dtype(x, fc1.weight)
+        if dtype is None:
+            return None
+        if fc1.packed_plan(dtype) != (dtype, "onednn"):  # MKL's packed sgemm, or bf16 widened: no epilogue
+            return torch.ops.aten.gelu_(fc1(x), approximate=act.approximate)  # fc1's fresh output, this call's own
+        bias = None if fc1.bias is None else fc1.bias.to(dtype)
+        return linear_gelu(x.to(dtype), fc1.packed_weight(x, dtype, dtype, "onednn")[0], bias, act.approximate)
 
 
 class SwiGLU(nn.Module):
