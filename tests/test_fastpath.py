@@ -442,3 +442,64 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_widened_bf16_training_matches_autocast_where_onednn_has_no_bf16_matmul():
+    """Under the AVX2 cap (bf16 emulated) the `widened_bf16_training` linear computes what bf16 autocast's F.linear
+    does, forward and both gradients, from bf16-rounded operands widened to fp32; where oneDNN has a bf16 matmul
+    (this machine, uncapped, where it has one) the switch changes nothing."""
+    code = """
+import torch, torch.nn.functional as F
+from vitkit import onednn
+from vitkit.layers.mlp import Linear
+assert not onednn.BF16
+torch.manual_seed(0)
+lin = Linear(48, 80)
+x = torch.randn(3, 7, 48, requires_grad=True)
+def run(widened):
+    lin.widened_training = widened
+    x.grad = lin.weight.grad = lin.bias.grad = None
+    with torch.autocast("cpu", torch.bfloat16):
+        out = lin(x)
+    (out.float() * torch.linspace(-1, 1, 80)).sum().backward()
+    return out, x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone(), type(out.grad_fn).__name__
+ref, wide = run(False), run(True)
+assert wide[4] == "WidenedLinearBackward" and ref[4] != wide[4]
+assert wide[0].dtype == ref[0].dtype == torch.bfloat16
+for got, want in zip(wide[:4], ref[:4]):
+    assert got.dtype == want.dtype and (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items()} | {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    import vitkit.onednn as onednn
+    from vitkit.layers.mlp import Linear
+
+    if onednn.BF16:  # oneDNN's own bf16 matmul here: the widened form never runs
+        lin = Linear(8, 8)
+        lin.widened_training = True
+        with torch.autocast("cpu", torch.bfloat16):
+            out = lin(torch.randn(2, 8, requires_grad=True))
+        assert type(out.grad_fn).__name__ != "WidenedLinearBackward"
+
+
+def test_packed_weights_follow_a_fused_optimizer_step():
+    """AdamW(fused=True) changes weights without bumping their version counters: the packs must not outlive the
+    step (the bug that made a resumed detection run score differently from an uninterrupted one)."""
+    from vitkit.layers.mlp import Linear
+
+    torch.manual_seed(0)
+    lin = Linear(32, 48)
+    lin.packed = True
+    x = torch.randn(4, 32)
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.1, fused=True)
+    for _ in range(2):
+        with torch.no_grad():
+            assert (lin(x) - F.linear(x, lin.weight, lin.bias)).abs().max() <= 1e-5
+        version = lin.weight._version
+        lin(x).square().sum().backward()  # under grad: F.linear
+        opt.step()
+        opt.zero_grad()
+        assert lin.weight._version == version  # the step left the counter as it was: what the packs cannot rely on

@@ -32,7 +32,8 @@ ZEN3 = Capabilities(cpu="AMD EPYC 7763", vendor="AuthenticAMD", avx2=True)
 SAPPHIRE_RAPIDS = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True, avx512_bf16=True, amx=True)
 SKYLAKE_SP = Capabilities(vendor="GenuineIntel", avx2=True, avx512f=True)
 PATHS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-         "matmul_attention_training", "native_encoder", "packed_linear", "channels_last_training", "onnx_runtime")
+         "matmul_attention_training", "native_encoder", "packed_linear", "widened_bf16_training",
+         "channels_last_training", "onnx_runtime")
 
 
 def _on(d) -> dict[str, bool]:
@@ -41,11 +42,11 @@ def _on(d) -> dict[str, bool]:
 
 def _paths(bf16: bool, onednn: bool, packed: bool = False) -> dict[str, bool]:
     """The flag rules: the bf16 paths go together (native bf16), oneDNN's linear apart, packed linears with AMX
-    (the one kind they were measured on), ONNX Runtime never, and channels-last training never (it is decided
-    only by timing the model at hand: training/memory_format.py)."""
+    (the one kind they were measured on), ONNX Runtime never, and channels-last training and widened bf16 training
+    never (each is decided only by measuring: training/memory_format.py, hardware.measure)."""
     return dict(bf16=bf16, bf16_training=bf16, onednn_linear=onednn, onednn_linear_training=onednn,
                 matmul_attention=bf16, matmul_attention_training=bf16, native_encoder=bf16, packed_linear=packed,
-                channels_last_training=False, onnx_runtime=False)
+                widened_bf16_training=False, channels_last_training=False, onnx_runtime=False)
 
 
 @pytest.mark.parametrize("caps, expected", [

@@ -40,11 +40,14 @@ def test_measured_once_said_once_cached_and_read_back(tmp_path):
     assert cache.pop("another machine") == other
     (key, entry), = cache.items()
     assert set(entry["ratios"]) >= {"bf16", "matmul_attention", "native_encoder"}
-    assert all(r > 0 for r in entry["ratios"].values()) and entry["seconds"] < 60 and entry["rounds"] == 3
+    # None: not timed here, for the reason recorded (the widened bf16 path where oneDNN has a bf16 matmul)
+    assert all((name in entry["untimed"]) if r is None else r > 0 for name, r in entry["ratios"].items())
+    assert entry["seconds"] < 60 and entry["rounds"] == 3
     # the decisions follow the ratios with the 3% bar
     decided = json.loads(first.stdout)
     for name, r in entry["ratios"].items():
-        assert decided[name] == (r >= MEASURED_WIN), (name, r)
+        if r is not None:
+            assert decided[name] == (r >= MEASURED_WIN), (name, r)
     second = _run(tmp_path)
     assert second.returncode == 0 and second.stderr.strip() == "" and json.loads(second.stdout) == decided
     assert len(json.loads((tmp_path / "fast-paths.json").read_text())) == 2

@@ -8,7 +8,8 @@ import os
 import subprocess
 import sys
 
-SWITCHES = ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training", "packed")
+SWITCHES = ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training", "packed",
+            "widened_training")
 
 SCRIPT = r"""
 import json, sys
@@ -32,7 +33,7 @@ for name, kw in runs.items():
     found = {}
     for mname, m in t.task.named_modules():
         for s in ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training",
-                  "packed"):
+                  "packed", "widened_training"):
             if isinstance(getattr(m, s, None), bool):
                 found.setdefault(s, []).append([("model" if mname.startswith("model.") else "head"), getattr(m, s)])
     out[name] = found
@@ -63,7 +64,8 @@ def test_forced_paths_reach_the_task_heads_too(tmp_path):
     layer default (the decisions are applied to the task, not only to the model)."""
     got = _switches(tmp_path, VITKIT_FAST_PATHS="native_encoder=on,matmul_attention=on,"
                                                "matmul_attention_training=on,onednn_linear=on,"
-                                               "onednn_linear_training=on,packed_linear=on")
+                                               "onednn_linear_training=on,packed_linear=on,"
+                                               "widened_bf16_training=on")
     for task, found in got.items():
         off = {s: [w for w, v in vals if not v] for s, vals in found.items()}
         assert not any(off.values()), (task, off)

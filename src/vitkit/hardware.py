@@ -41,6 +41,11 @@ Rules (a decision's `why` says which one applied):
                     GELU in fc1's matmul, or in place on fc1's output where the kernel is MKL's): with AMX (a
                     2-core Xeon: ViT-S/16 inference 1.04-1.13x timm, fp32 and bf16, batch 1 and 8); not measured
                     elsewhere.
+  widened_bf16_training
+                    bf16 autocast linears under grad, where oneDNN has no bf16 matmul (bf16 emulated): operands
+                    rounded to bf16 and widened to fp32 (exact), multiplied in fp32 forward and backward
+                    (onednn.WidenedLinear). Decided only by measuring (off by rule): the AVX2 stand-in measured
+                    a linear's step 10.5x and the bench's bf16-autocast training steps 12.8-17.6x timm's.
   channels_last_training
                     convolution weights in channels-last (NHWC) order for training, so oneDNN runs its NHWC
                     kernels without reordering each call: decided on the model at hand, by timing its own
@@ -93,12 +98,14 @@ from .errors import ConfigError
 from .timing import paired_ratio, paired_times
 
 DECISIONS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-             "matmul_attention_training", "native_encoder", "packed_linear", "channels_last_training", "onnx_runtime")
+             "matmul_attention_training", "native_encoder", "packed_linear", "widened_bf16_training",
+             "channels_last_training", "onnx_runtime")
 # what `measure` times (CPU)
 MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-              "matmul_attention_training", "native_encoder", "packed_linear")
+              "matmul_attention_training", "native_encoder", "packed_linear",
+              "widened_bf16_training")
 # timed only where this torch build has oneDNN
-NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training", "packed_linear")
+NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training", "packed_linear", "widened_bf16_training")
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 EMULATED_BF16 = 0.5  # bf16 linears under this ratio to fp32: emulated bf16, whose other paths are not timed
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
@@ -258,6 +265,7 @@ class Decisions:
     matmul_attention_training: bool  # under grad (training: forward and backward)
     native_encoder: bool
     packed_linear: bool  # inference: linear weights packed once for their kernel, an MLP's GELU in fc1's matmul
+    widened_bf16_training: bool  # under grad: bf16 autocast linears widened to fp32 where bf16 is emulated
     channels_last_training: bool  # convolution weights (and so their outputs) in channels-last order in training
     onnx_runtime: bool
     why: dict[str, str] = field(default_factory=dict, compare=False)
@@ -345,6 +353,9 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
         "matmul_attention_training": _native_bf16_rule("2-5x faster than SDPA's flash kernel", caps, device),
         "native_encoder": _native_bf16_rule("1.07x the module path", caps, device),
         "packed_linear": _packed_rule(caps, device),
+        "widened_bf16_training": (False, "decided only by measuring, where oneDNN has no bf16 matmul: the AVX2 "
+                                         "stand-in (a Xeon capped at AVX2) measured bf16-autocast training steps "
+                                         "12.8-17.6x timm's; not measured on a real CPU of that kind"),
         "channels_last_training": (False, "off where measuring is off: timm trains convolutions in NCHW; when "
                                           "measuring, decided on each model's own training step (training/"
                                           "memory_format.py)"),
@@ -357,9 +368,10 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
             rules[name] = (on, f"measured here ({measured.get('date', '?')}): {r:.2f}x timm's path, "
                            f"{'at least' if on else 'under'} {MEASURED_WIN}x (the flag rule says "
                            f"{'on' if rules[name][0] else 'off'})")
-        elif device == "cpu" and name in ratios and ratios[name] is None:  # skipped: bf16 is emulated here
-            rules[name] = (rules[name][0], f"{rules[name][1]} (not timed: bf16 linears measured "
-                                           f"{ratios.get('bf16', 0):.2f}x fp32 here, emulated)")
+        elif device == "cpu" and name in ratios and ratios[name] is None:  # skipped: the reason is recorded
+            reason = (measured.get("untimed") or {}).get(
+                name, f"bf16 linears measured {ratios.get('bf16', 0):.2f}x fp32 here, emulated")
+            rules[name] = (rules[name][0], f"{rules[name][1]} (not timed: {reason})")
     for name, on in (overrides or {}).items():
         if name not in rules:
             raise ConfigError(f"unknown fast path {name!r}; known: {', '.join(DECISIONS)}")
@@ -588,6 +600,16 @@ def _linear_training_step(x, w, use_onednn: bool):
     return step
 
 
+def _widened_step(x, w, widened: bool):
+    """One forward + backward of x @ w.T under bf16 autocast: F.linear (emulated bf16 where oneDNN has none) or
+    onednn.WidenedLinear, as layers.mlp.Linear runs it under `widened_bf16_training`."""
+    def step():
+        with torch.autocast("cpu", torch.bfloat16):
+            out = onednn.WidenedLinear.apply(x, w, None) if widened else torch.nn.functional.linear(x, w)
+        out.float().sum().backward()
+    return step
+
+
 # training shapes [B, N, D, heads]: the fashion-mnist recipe's model (at half its batch: the ratio is the same,
 # the time half), and ViT-S/16 at batch 8
 TRAINING_SHAPES = ((64, 50, 192, 3), (8, 197, 384, 6))
@@ -665,11 +687,21 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
         wl = torch.randn(d_out, d_in, generator=g, requires_grad=True)  # [hidden, D]
         linear.append(_paired_median(_linear_training_step(xl, wl, False), _linear_training_step(xl, wl, True),
                                      few))
+    # bf16 autocast linears under grad where oneDNN has no bf16 matmul: emulated F.linear against the widened form,
+    # forward and backward (small: emulated bf16 is slow to time)
+    untimed = {}
+    if onednn.AVAILABLE and not onednn.BF16:
+        xw = torch.randn(256, 128, generator=g, requires_grad=True)  # [T, D]
+        ww = torch.randn(256, 128, generator=g, requires_grad=True)  # [out, D]
+        ratios["widened_bf16_training"] = _paired_median(_widened_step(xw, ww, False), _widened_step(xw, ww, True), few)
+    elif onednn.AVAILABLE:
+        ratios["widened_bf16_training"] = None
+        untimed["widened_bf16_training"] = "oneDNN has a bf16 matmul here, so the path never runs"
     ratios["matmul_attention_training"] = min(matmul) if matmul else None
     ratios["bf16_training"] = min(training) if training else None
     if linear:
         ratios["onednn_linear_training"] = min(linear)
-    return {"ratios": ratios, "method": METHOD, "date": datetime.date.today().isoformat(),
+    return {"ratios": ratios, "untimed": untimed, "method": METHOD, "date": datetime.date.today().isoformat(),
             "shapes": {"tokens": tokens, "dim": dim, "heads": heads}, "rounds": rounds,
             "seconds": round(time.perf_counter() - t0, 2)}
 
@@ -721,12 +753,13 @@ def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tup
 def apply_fast_paths(model: torch.nn.Module, decisions: Decisions, *, training: bool = False) -> dict[str, int]:
     """Set each module's fast-path switch to the decision, where the module has that switch:
     `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`
-    and `packed` (linear layers; an MLP fuses its GELU where its fc1 is packed). `training` (a model about to be trained, before its optimiser is made):
+    `packed` and `widened_training` (linear layers; an MLP fuses its GELU where its fc1 is packed). `training` (a model about to be trained, before its optimiser is made):
     the convolutions' weights also take the order `channels_last_training` decided (counted as "channels_last").
     Returns how many modules each switch was set on."""
     switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
                 "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear,
-                "onednn_training": decisions.onednn_linear_training, "packed": decisions.packed_linear}
+                "onednn_training": decisions.onednn_linear_training, "packed": decisions.packed_linear,
+                "widened_training": decisions.widened_bf16_training}
     counts = dict.fromkeys(switches, 0)
     for module in model.modules():
         for attr, on in switches.items():

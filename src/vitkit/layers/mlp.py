@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from ..errors import ConfigError
 from ..onednn import AVAILABLE as _ONEDNN_LINEAR
 from ..onednn import BF16 as _ONEDNN_BF16
-from ..onednn import MKL_PACKED, OneDnnLinear, PackCache, linear_gelu, mm_t, packed_linear
+from ..onednn import MKL_PACKED, OneDnnLinear, PackCache, WidenedLinear, linear_gelu, mm_t, packed_linear
 
 
 class Linear(nn.Linear):
@@ -29,6 +29,8 @@ class Linear(nn.Linear):
     onednn_training: bool = False  # the same under grad (forward and backward), decided apart: hardware.py
     # inference (no grad): the weight packed once per input row count for its kernel (`packed_plan`)
     packed: bool = False
+    # under grad with bf16 autocast where oneDNN has no bf16 matmul: onednn.WidenedLinear (`widened_bf16_training`)
+    widened_training: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grad = torch.is_grad_enabled()
@@ -36,6 +38,9 @@ class Linear(nn.Linear):
             dtype = _packed_dtype(x, self.weight)
             if dtype is not None:
                 return self._packed_forward(x, dtype)
+        if (grad and self.widened_training and not _ONEDNN_BF16 and torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") == torch.bfloat16 and _eager_cpu(x)):
+            return WidenedLinear.apply(x, self.weight, self.bias)
         if ((self.onednn_training if grad else self.onednn) and _ONEDNN_LINEAR and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and _eager_cpu(x)):
             if not grad:
