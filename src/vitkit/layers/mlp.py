@@ -23,7 +23,8 @@ class Linear(nn.Linear):
     `onednn` (inference) and `onednn_training` (under grad) are the switches `vitkit.hardware` sets per machine
     from what it measured there (off: timm's F.linear). `packed` (inference, no grad; `packed_linear`) runs the
     matmul on the weight packed once per input row count (`packed_weight`), fp32 by MKL's packed sgemm, bf16 and
-    bf16 autocast by oneDNN: the same numbers in fp32, without laying the weight out again on every call."""
+    bf16 autocast by oneDNN (widened to fp32 where oneDNN has no bf16 matmul: `packed_plan`): the same numbers in
+    fp32, without laying the weight out again on every call."""
 
     onednn: bool = False  # timm's path until vitkit.hardware.apply_fast_paths decides
     onednn_training: bool = False  # the same under grad (forward and backward), decided apart: hardware.py
@@ -99,14 +100,6 @@ def _packed_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
     if torch.is_autocast_enabled("cpu"):
         return torch.bfloat16 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
     return x.dtype if x.dtype == weight.dtype and x.dtype in (torch.float32, torch.bfloat16) else None
-
-
-def _hooked(*modules: nn.Module) -> bool:
-    """True where a forward hook (on one of these modules, or global) would miss a call a fused kernel skips."""
-    from torch.nn.modules import module as m
-
-    return bool(m._global_forward_hooks or m._global_forward_pre_hooks
-                or any(x._forward_hooks or x._forward_pre_hooks for x in modules))
 
 
 class QuickGELU(nn.Module):
