@@ -61,13 +61,13 @@ Decided by measurement (issue 22: two Zen 4 machines with the same flags differe
 so no rule of the flags can hold everywhere): the first command that needs a decision times each measurable
 path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, one block's
 linears on packed weights vs F.linear at batch 1 and 8 in fp32 and bf16 (their geometric mean, counted only where
-none is slower), bf16 attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a training step of a
-pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, the block in bf16 autocast vs fp32, and
-the fp32 linear with its backward, oneDNN vs F.linear; ViT-S shapes (training: also the fashion-mnist model's), a few
-seconds, said in one line) and caches the ratios per machine fingerprint (`machine_key`: CPU model, flags,
-cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in $VITKIT_CACHE/fast-paths.json (default
-~/.cache/vitkit); later processes read it, `vitkit doctor --measure` refreshes it ($VITKIT_MEASURE_ROUNDS: rounds
-per path, default 15). A path is on where it
+none is slower), bf16 attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a
+training step of a pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, the block in bf16
+autocast vs fp32, and the fp32 linear with its backward, oneDNN vs F.linear; ViT-S shapes (training: also the
+fashion-mnist model's), a few seconds, said in one line) and caches the ratios per machine fingerprint
+(`machine_key`: CPU model, flags, cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in
+$VITKIT_CACHE/fast-paths.json (default ~/.cache/vitkit); later processes read it, `vitkit doctor --measure`
+refreshes it ($VITKIT_MEASURE_ROUNDS: rounds per path, default 15). A path is on where it
 measured at least MEASURED_WIN times faster than timm's path, else off. The rules above are the prior: they
 decide where measuring is off ($VITKIT_MEASURE=0, as the tests set) and for what is not measured (CUDA,
 ONNX Runtime). A cache that cannot be read or written means measuring again, kept in memory, with a note.
@@ -693,7 +693,8 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     if onednn.AVAILABLE and not onednn.BF16:
         xw = torch.randn(256, 128, generator=g, requires_grad=True)  # [T, D]
         ww = torch.randn(256, 128, generator=g, requires_grad=True)  # [out, D]
-        ratios["widened_bf16_training"] = _paired_median(_widened_step(xw, ww, False), _widened_step(xw, ww, True), few)
+        ratios["widened_bf16_training"] = _paired_median(_widened_step(xw, ww, False), _widened_step(xw, ww, True),
+                                                         few)
     elif onednn.AVAILABLE:
         ratios["widened_bf16_training"] = None
         untimed["widened_bf16_training"] = "oneDNN has a bf16 matmul here, so the path never runs"
@@ -752,9 +753,10 @@ def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tup
 
 def apply_fast_paths(model: torch.nn.Module, decisions: Decisions, *, training: bool = False) -> dict[str, int]:
     """Set each module's fast-path switch to the decision, where the module has that switch:
-    `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`
-    `packed` and `widened_training` (linear layers; an MLP fuses its GELU where its fc1 is packed). `training` (a model about to be trained, before its optimiser is made):
-    the convolutions' weights also take the order `channels_last_training` decided (counted as "channels_last").
+    `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`,
+    `onednn_training`, `packed` and `widened_training` (linear layers; an MLP fuses its GELU where its fc1 is
+    packed). `training` (a model about to be trained, before its optimiser is made): the convolutions' weights also
+    take the order `channels_last_training` decided (counted as "channels_last").
     Returns how many modules each switch was set on."""
     switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
                 "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear,

@@ -95,8 +95,9 @@ register_optimizer_step_post_hook(_count_step)
 class PackCache:
     """One linear weight's packs (`pack`), per (kernel, rows, dtype, compute dtype), for the weight's current values,
     each with the weight as the kernel reads it (MKL's fallback for other row counts needs it): a new tensor, an
-    in-place change (its version counter) or any optimizer step in the process empties it. Keeps the `keep` most recently used, so a model run at
-    one batch size (and its last, smaller batch) packs once and holds at most `keep` extra copies of its weights.
+    in-place change (its version counter) or any optimizer step in the process empties it. Keeps the `keep` most
+    recently used, so a model run at one batch size (and its last, smaller batch) packs once and holds at most
+    `keep` extra copies of its weights.
     A copy or pickle of the module holding it starts empty: packs are derived from the weight. A lock keeps it
     whole where threads share a model (a server's workers)."""
 

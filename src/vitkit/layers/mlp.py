@@ -49,13 +49,18 @@ class Linear(nn.Linear):
             return OneDnnLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
-    def _packed_forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _packed_forward(self, x: torch.Tensor, dtype: torch.dtype, gelu: str | None = None) -> torch.Tensor:
         """The packed inference matmul in `dtype` (`packed_plan`): x and bias rounded to `dtype` as F.linear's
-        inputs are, then widened where the plan computes wider, the output rounded back to `dtype`."""
+        inputs are, then widened where the plan computes wider, the output rounded back to `dtype`. `gelu` (F.gelu's
+        `approximate`): a GELU in oneDNN's epilogue, for a caller that checked packed_plan(dtype) is (dtype,
+        "onednn")."""
         compute, kernel = self.packed_plan(dtype)
         packed, weight = self.packed_weight(x, dtype, compute, kernel)
         bias = None if self.bias is None else self.bias.to(dtype).to(compute)
-        return packed_linear(x.to(dtype).to(compute), packed, weight, bias, kernel).to(dtype)
+        x = x.to(dtype).to(compute)
+        if gelu is not None:
+            return linear_gelu(x, packed, bias, gelu)
+        return packed_linear(x, packed, weight, bias, kernel).to(dtype)
 
     def packed_plan(self, dtype: torch.dtype) -> tuple[torch.dtype, str]:
         """(compute dtype, kernel) of a packed inference matmul asked for in `dtype`. fp32: MKL's packed sgemm,
@@ -157,10 +162,10 @@ class Mlp(nn.Module):
         dtype = _packed_dtype(x, fc1.weight)
         if dtype is None:
             return None
-        if fc1.packed_plan(dtype) != (dtype, "onednn"):  # MKL's packed sgemm, or bf16 widened: no epilogue
-            return torch.ops.aten.gelu_(fc1(x), approximate=act.approximate)  # fc1's fresh output, this call's own
-        bias = None if fc1.bias is None else fc1.bias.to(dtype)
-        return linear_gelu(x.to(dtype), fc1.packed_weight(x, dtype, dtype, "onednn")[0], bias, act.approximate)
+        if fc1.packed_plan(dtype) == (dtype, "onednn"):
+            return fc1._packed_forward(x, dtype, gelu=act.approximate)
+        # MKL's packed sgemm, or bf16 widened: no epilogue, so in place on fc1's fresh output, this call's own
+        return torch.ops.aten.gelu_(fc1(x), approximate=act.approximate)
 
 
 class SwiGLU(nn.Module):
