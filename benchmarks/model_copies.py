@@ -16,7 +16,8 @@ import statistics
 
 import torch
 
-from vitkit.bench import _dispatched, build_vitkit, timm_twin
+from vitkit.api import with_fast_paths
+from vitkit.bench import build_vitkit, timm_twin
 from vitkit.timing import paired_times
 
 
@@ -29,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    vk = _dispatched(build_vitkit(args.model), torch.device("cpu")).eval()
+    vk = with_fast_paths(build_vitkit(args.model)).eval()
     tm = timm_twin(vk).eval()
     x = torch.randn(args.batch, *vk.preprocess.input_size)
     models = {}

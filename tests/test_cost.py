@@ -148,6 +148,35 @@ def test_macs_match_torch_flop_counter(overrides):
     assert counter.get_total_flops() == 2 * (r.macs_total - r.macs["attn_scores"])  # MAP pooling stays eager
 
 
+def test_a_registered_mlp_layer_is_costed_from_the_layer_itself():
+    """An MLP kind the cost code has never heard of (a third linear, bias-free) still gets its own parameters and
+    MACs: the cost reads them off the layer, not from a table of kinds."""
+    from vitkit.layers import MLP_LAYERS, Mlp, register_layer
+
+    class ThreeLinearMlp(Mlp):
+        def __init__(self, dim, hidden, act="gelu", drop=0.0, bias=True):
+            super().__init__(dim, hidden, act, drop, bias)
+            self.fc3 = torch.nn.Linear(dim, dim, bias=False)
+
+        def forward(self, x):
+            return self.fc3(super().forward(x))
+
+    try:
+        register_layer("mlp", "test_three_linear")(ThreeLinearMlp)
+        model = vitkit.create_model("vit_small_patch4_32", depth=2, mlp_layer="test_three_linear").eval()
+        plain = model_cost("vit_small_patch4_32", depth=2, batch=2)
+        r = model_cost(model, batch=2)  # MACs for 2 images
+        assert r.params_total == sum(p.numel() for p in model.parameters())
+        assert r.params["mlp"] - plain.params["mlp"] == 2 * 384 * 384  # fc3 of each of the 2 blocks
+        assert r.macs["mlp"] - plain.macs["mlp"] == 2 * 2 * 65 * 384 * 384  # 2 images x 2 blocks x 65 tokens
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(torch.randn(2, 3, 32, 32))
+        assert counter.get_total_flops() == 2 * (r.macs_total - r.macs["attn_scores"])  # fused attention uncounted
+    finally:
+        MLP_LAYERS.pop("test_three_linear", None)
+
+
 # ---------------------------------------------------------------------------- activation memory
 def saved_tensor_bytes(model, x) -> int:
     """Bytes of the distinct non-parameter storages autograd saves for backward in one forward."""

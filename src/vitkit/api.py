@@ -213,7 +213,7 @@ def create_model(
         _load(model, ckpt, strict=True)
         if str(ckpt.provenance.get("source", "")).startswith("hub:"):
             model.provenance["source"] = ckpt.provenance["source"]
-    return _with_fast_paths(model)
+    return with_fast_paths(model)
 
 
 def _build(entry: ModelEntry, ckpt: Checkpoint | None, num_classes, img_size, overrides: dict) -> nn.Module:
@@ -339,7 +339,7 @@ def load_model(
     if model_name is not None:
         model = _build(get_entry(model_name), ckpt, num_classes, img_size, overrides)
         _load(model, ckpt, strict=True)
-        return _with_fast_paths(_at_max_tokens(model, max_tokens)).to(device)
+        return with_fast_paths(_at_max_tokens(model, max_tokens)).to(device)
     fam = get_family(ckpt.family)
     cfg = ckpt.config
     _check_patch_size(fam, cfg, overrides.get("patch_size"), with_weights=True)
@@ -377,7 +377,7 @@ def load_model(
     model.provenance["imported_from"] = ckpt.layout
     if guessed:
         model.provenance["preprocess_from"] = guessed
-    return _with_fast_paths(_at_max_tokens(model, max_tokens)).to(device)
+    return with_fast_paths(_at_max_tokens(model, max_tokens)).to(device)
 
 
 INFERENCE_SETTINGS = "inference_settings"  # provenance key: the setting a checkpoint runs at by default
@@ -405,12 +405,13 @@ def _registered_name(family: str, cfg) -> str | None:
     return next((n for n in list_models(family=family) if get_entry(n).cfg == cfg), None)
 
 
-def _with_fast_paths(model: nn.Module) -> nn.Module:
-    """Each fast-path switch the model's modules have, set as this machine's rules decide (`vitkit doctor`):
-    a path measured slower than the plain one on this kind of CPU stays off."""
+def with_fast_paths(model: nn.Module, device: str = "cpu") -> nn.Module:
+    """Each fast-path switch the model's modules have, set as this machine's decisions for `device` say (`vitkit
+    doctor`): a path measured slower than timm's on this machine stays off. Every builder here calls it; a module
+    tree built by hand can too."""
     from .hardware import apply_fast_paths, this_machine
 
-    apply_fast_paths(model, this_machine())
+    apply_fast_paths(model, this_machine(device))
     return model
 
 

@@ -297,7 +297,9 @@ def run_benchmarks(opts: BenchOptions, command: str | None = None) -> dict[str, 
 def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> list[dict[str, Any]]:
     import torch
 
-    vk = _dispatched(build_vitkit(name), device)
+    from .api import with_fast_paths
+
+    vk = with_fast_paths(build_vitkit(name), device.type)
     tm = timm_twin(vk)
     C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
     rows = []
@@ -347,18 +349,12 @@ def _have(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _dispatched(model, device):
-    """The model with the fast paths vitkit takes on this machine (vitkit.hardware), as a user would run it."""
-    from .hardware import apply_fast_paths, this_machine
-
-    apply_fast_paths(model, this_machine(device.type))
-    return model
-
-
 def _train_rows(name, opts: BenchOptions, device, peaks) -> list[dict[str, Any]]:
     import torch
 
-    vk = _dispatched(build_vitkit(name), device).train()
+    from .api import with_fast_paths
+
+    vk = with_fast_paths(build_vitkit(name), device.type).train()
     tm = timm_twin(vk).train()
     C, (H, W) = vk.cfg.in_chans, vk.cfg.img_size
     b = opts.train_batch

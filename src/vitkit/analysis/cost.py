@@ -1,11 +1,13 @@
 """What a ViT costs, in closed form from its config: tokens, parameters, MACs, training activation memory.
 
-Nothing is instantiated, so ViT-H/14 or ViT-g cost as little to analyse as a tiny model.
+Nothing is instantiated but on the meta device (no memory, no compute): a hybrid's CNN stem and each block's MLP
+layer are counted there, on the layer itself (for the plain MLP that gives the formulas below), so ViT-H/14 or
+ViT-g cost as little to analyse as a tiny model.
 
 Parameters, split by part (they add up to `sum(p.numel() for p in model.parameters())` exactly):
   patch_embed  conv C*p*p*D (+ D bias)
   attention    qkv 3D*D (+ 3D bias), proj D*D + D, q/k LayerNorms (qk_norm), LayerScale ls1
-  mlp          fc1 D*Hm + Hm, fc2 Hm*D + D, LayerScale ls2
+  mlp          fc1 D*Hm + Hm, fc2 Hm*D + D, LayerScale ls2 (the plain MLP; other layers: their own parameters)
   norms        every other LayerNorm: norm1/norm2 per block, norm_pre, final norm / fc_norm
   pos_prefix   the position table (grid + prefix rows when prefix_pos) and class/distillation/register tokens
   head         head (+ head_dist for DeiT distilled) (+ pre_logits Linear)
@@ -14,7 +16,7 @@ Forward MACs (multiply-accumulates; FLOPs = 2 * MACs) per image, with T tokens, 
   patch_embed   N * C*p*p * D
   attn_proj     L * T * 4D^2          (qkv and output projection)
   attn_scores   L * 2 * T^2 * D       (QK^T and the attention-weighted sum AV, over all heads)
-  mlp           L * 2 * T * D * Hm
+  mlp           L * 2 * T * D * Hm      (the plain MLP; other layers: what FlopCounterMode counts on them)
   head          D' * K (+ D * R for pre_logits), twice for DeiT distilled
 With token merging (`merge=R`, ToMe; layers/tome.py) block i's attention runs on its T_i tokens and its MLP on
 the T_i - r_i left after the merge, and attn_scores adds the matching's similarity matmul, ceil(T_i/2) *

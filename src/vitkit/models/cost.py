@@ -26,6 +26,43 @@ def _stem_cost(layer: str, img_size: tuple[int, int], patch_size: int, in_chans:
     return sum(p.numel() for p in stem.parameters()), counter.get_total_flops() // 2, stem.num_patches
 
 
+@lru_cache(maxsize=256)
+def _mlp_cost(layer_cls: type, D: int, Hm: int, grid: tuple[int, int], prefix: int) -> tuple[int, int]:
+    """(params, MACs per image) of one block's MLP layer on `prefix` + grid tokens, built and run on the meta
+    device as a stem is: what a layer costs (SwiGLU's two branches, a depthwise conv over the patch grid, a
+    registered MLP) is read from the layer itself, so nothing here names the kinds."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..layers.mlp import mlp_needs_grid
+
+    with torch.device("meta"):
+        mlp = layer_cls(D, Hm)
+        tokens = torch.empty(1, prefix + grid[0] * grid[1], D)  # [1, P + N, D]
+        with FlopCounterMode(display=False) as counter:
+            mlp(tokens, grid) if mlp_needs_grid(layer_cls) else mlp(tokens)
+    return sum(p.numel() for p in mlp.parameters()), counter.get_total_flops() // 2
+
+
+def _block_mlp_cost(cfg: ViTConfig, N: int) -> tuple[int, int]:
+    """(params, MACs per image) of one block's MLP of `cfg` on its N patches and its prefix tokens."""
+    from ..layers import MLP_LAYERS
+
+    grid = tuple(cfg.grid_size)
+    if grid[0] * grid[1] != N:  # a stem with its own token count: the grid's shape changes no count here
+        grid = (1, N)
+    D = cfg.embed_dim
+    return _mlp_cost(MLP_LAYERS[cfg.mlp_layer], D, int(D * cfg.mlp_ratio), grid, cfg.num_prefix_tokens)
+
+
+def _pool_mlp_cost(cfg: ViTConfig) -> tuple[int, int]:
+    """(params, MACs) of the attention-pooling head's MLP (always the plain one) on its one query."""
+    from ..layers import Mlp
+
+    D = cfg.embed_dim
+    return _mlp_cost(Mlp, D, int(D * (cfg.pool_mlp_ratio or cfg.mlp_ratio)), (1, 1), 0)
+
+
 def _stem(cfg: ViTConfig) -> tuple[int, int, int]:
     """(params, MACs, tokens) of the patch embedding: closed form for the patch conv, measured for a stem."""
     C, p, D = cfg.in_chans, cfg.patch_size, cfg.embed_dim
@@ -41,13 +78,13 @@ MAC_PARTS = ("patch_embed", "attn_proj", "attn_scores", "mlp", "head")
 def param_counts(cfg: ViTConfig) -> dict[str, int]:
     """Parameters by part (see the module docstring); matches the named parameters of VisionTransformer(cfg)."""
     D, L = cfg.embed_dim, cfg.depth
-    Hm, Dh = int(D * cfg.mlp_ratio), D // cfg.num_heads
+    Dh = D // cfg.num_heads
     stem_params, _, N = _stem(cfg)
     P = cfg.num_prefix_tokens
     layer_scale = D if cfg.init_values and not cfg.post_norm else 0  # post-norm: init_values sets the norms' gains
     qkv_bias = (3 if cfg.k_bias else 2) * D if cfg.qkv_bias else 0  # EVA-style: q and v biases only
     attn = 3 * D * D + qkv_bias + D * D + D + (4 * Dh if cfg.qk_norm else 0) + layer_scale
-    mlp = _mlp_params(cfg.mlp_layer, D, Hm) + layer_scale
+    mlp = _block_mlp_cost(cfg, N)[0] + layer_scale
     rel_mlp = 2 * cfg.rel_pos_dim + cfg.rel_pos_dim + cfg.rel_pos_dim * cfg.num_heads + cfg.num_heads
     attn += rel_mlp if cfg.rel_pos == "mlp" else 0  # a relative-position MLP per block (2 -> hidden -> heads)
     final_norms = 2 * D if cfg.final_norm else 0  # `norm` or `fc_norm`, never both
@@ -58,7 +95,7 @@ def param_counts(cfg: ViTConfig) -> dict[str, int]:
         head += D * feat + feat
     if cfg.global_pool == "map":  # latent, q, kv, proj, norm and MLP of the attention-pooling head
         b = 3 * D if cfg.qkv_bias else 0
-        head += D + 3 * D * D + b + D * D + D + 2 * D + _mlp_params("mlp", D, int(D * (cfg.pool_mlp_ratio or cfg.mlp_ratio)))
+        head += D + 3 * D * D + b + D * D + D + 2 * D + _pool_mlp_cost(cfg)[0]
     return {
         "patch_embed": stem_params,
         "attention": L * attn,
@@ -76,37 +113,20 @@ def mac_counts(cfg: ViTConfig) -> dict[str, int]:
     """Forward multiply-accumulates per image by part (matmuls and the patch conv only; rotary tables are
     elementwise and a relative-position MLP runs once per forward, not per image: both are left out)."""
     D, L = cfg.embed_dim, cfg.depth
-    Hm = int(D * cfg.mlp_ratio)
     _, stem_macs, N = _stem(cfg)
     T = N + cfg.num_prefix_tokens
     feat, K = cfg.representation_size or D, cfg.num_classes
     # DeiT distilled: pre_logits and a head for both the class and the distillation token
     head = (feat * K + (D * feat if cfg.representation_size else 0)) * (2 if cfg.distilled else 1)
-    if cfg.global_pool == "map":  # one query: q and proj D^2, kv 2 N D^2, scores 2 N D, MLP 2 D Hm
-        head += 2 * D * D + 2 * N * D * D + 2 * N * D + _mlp_macs("mlp", D, int(D * (cfg.pool_mlp_ratio or cfg.mlp_ratio)))
+    if cfg.global_pool == "map":  # one query: q and proj D^2, kv 2 N D^2, scores 2 N D, and its MLP
+        head += 2 * D * D + 2 * N * D * D + 2 * N * D + _pool_mlp_cost(cfg)[1]
     return {
         "patch_embed": stem_macs,
         "attn_proj": L * T * 4 * D * D,  # qkv (3 D^2) + proj (D^2) per token
         "attn_scores": L * 2 * T * T * D,  # QK^T and AV: T^2 * Dh per head each, times H heads
-        # a depthwise-conv MLP adds 9 taps per hidden channel on each patch token (prefix tokens skip the conv)
-        "mlp": L * T * _mlp_macs(cfg.mlp_layer, D, Hm) + (L * N * 9 * Hm if cfg.mlp_layer == "mlp_dwconv" else 0),
+        "mlp": L * _block_mlp_cost(cfg, N)[1],  # counted on the layer: a depthwise conv's taps on the patches too
         "head": head,
     }
-
-
-def _mlp_params(kind: str, D: int, Hm: int) -> int:
-    if kind == "swiglu":  # fc1_g, fc1_x: D -> Hm each; fc2: Hm -> D
-        return 2 * (D * Hm + Hm) + Hm * D + D
-    if kind == "swiglu_packed":  # fc1: D -> Hm (both halves); fc2: Hm/2 -> D
-        return D * Hm + Hm + Hm // 2 * D + D
-    if kind == "mlp_dwconv":  # fc1, fc2 and a 3x3 depthwise conv of Hm channels
-        return D * Hm + Hm + Hm * D + D + 10 * Hm
-    return D * Hm + Hm + Hm * D + D
-
-
-def _mlp_macs(kind: str, D: int, Hm: int) -> int:
-    """Per token."""
-    return {"swiglu": 3 * D * Hm, "swiglu_packed": D * Hm + Hm // 2 * D}.get(kind, 2 * D * Hm)
 
 
 def activation_elements(cfg: ViTConfig, fused_attention: bool = True) -> int:
