@@ -591,21 +591,13 @@ def _training_step(block, x, bf16: bool, matmul: bool = False):
     return step
 
 
-def _linear_training_step(x, w, use_onednn: bool):
-    """One forward + backward of the linear x @ w.T in fp32, by F.linear (timm's) or by the oneDNN function the
-    layer runs in training (vitkit.onednn); gradients accumulate, which costs the same every call."""
+def _linear_training_step(x, w, function=None, bf16: bool = False):
+    """One forward + backward of the linear x @ w.T, by F.linear (timm's) or by `function`, the autograd function
+    the layer runs in training (vitkit.onednn: OneDnnLinear in fp32, WidenedLinear under `bf16` autocast);
+    gradients accumulate, which costs the same every call."""
     def step():
-        out = onednn.OneDnnLinear.apply(x, w, None) if use_onednn else torch.nn.functional.linear(x, w)
-        out.sum().backward()
-    return step
-
-
-def _widened_step(x, w, widened: bool):
-    """One forward + backward of x @ w.T under bf16 autocast: F.linear (emulated bf16 where oneDNN has none) or
-    onednn.WidenedLinear, as layers.mlp.Linear runs it under `widened_bf16_training`."""
-    def step():
-        with torch.autocast("cpu", torch.bfloat16):
-            out = onednn.WidenedLinear.apply(x, w, None) if widened else torch.nn.functional.linear(x, w)
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            out = function.apply(x, w, None) if function else torch.nn.functional.linear(x, w)
         out.float().sum().backward()
     return step
 
@@ -685,7 +677,7 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     for tokens_, d_in, d_out in LINEAR_TRAINING_SHAPES if onednn.AVAILABLE else ():  # forward and both gradients
         xl = torch.randn(tokens_, d_in, generator=g, requires_grad=True)  # [B*N, D]
         wl = torch.randn(d_out, d_in, generator=g, requires_grad=True)  # [hidden, D]
-        linear.append(_paired_median(_linear_training_step(xl, wl, False), _linear_training_step(xl, wl, True),
+        linear.append(_paired_median(_linear_training_step(xl, wl), _linear_training_step(xl, wl, onednn.OneDnnLinear),
                                      few))
     # bf16 autocast linears under grad where oneDNN has no bf16 matmul: emulated F.linear against the widened form,
     # forward and backward (small: emulated bf16 is slow to time)
@@ -693,7 +685,8 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     if onednn.AVAILABLE and not onednn.BF16:
         xw = torch.randn(256, 128, generator=g, requires_grad=True)  # [T, D]
         ww = torch.randn(256, 128, generator=g, requires_grad=True)  # [out, D]
-        ratios["widened_bf16_training"] = _paired_median(_widened_step(xw, ww, False), _widened_step(xw, ww, True),
+        ratios["widened_bf16_training"] = _paired_median(_linear_training_step(xw, ww, bf16=True),
+                                                         _linear_training_step(xw, ww, onednn.WidenedLinear, True),
                                                          few)
     elif onednn.AVAILABLE:
         ratios["widened_bf16_training"] = None

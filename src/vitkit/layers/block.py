@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _nn_module
 
 from .attention import Attention
-from .mlp import Mlp, mlp_needs_grid
+from .mlp import Mlp, hooked, mlp_needs_grid
 from .rel_pos import RelPosMlp
 from .tome import TokenMatch, merge_wavg
 
@@ -146,7 +145,7 @@ class Block(nn.Module):
             and self.norm1.eps == self.norm2.eps
             and all(lin.bias is not None for lin in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2)) and attn.q_bias is None
         )
-        return plain and not _has_hooks(self)
+        return plain and not hooked(*self.modules())  # the block, its children, or a global hook
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:
         attn, mlp = self.attn, self.mlp
@@ -157,10 +156,3 @@ class Block(nn.Module):
             self.norm1.weight, self.norm1.bias, self.norm2.weight, self.norm2.bias,
             mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, None, None,  # no mask
         )
-
-
-def _has_hooks(module: nn.Module) -> bool:
-    """Any forward (pre-)hook on the module, its children, or registered globally."""
-    if _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks:
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())

@@ -91,7 +91,7 @@ def _eager_cpu(x: torch.Tensor) -> bool:
             and _current_dispatch_mode() is None)
 
 
-def _hooked(*modules: nn.Module) -> bool:
+def hooked(*modules: nn.Module) -> bool:
     """True where a forward hook (on one of these modules, or global) would miss a call a fused kernel skips."""
     from torch.nn.modules import module as m
 
@@ -157,7 +157,7 @@ class Mlp(nn.Module):
         does not apply."""
         fc1, act = self.fc1, self.act
         if not (_ONEDNN_LINEAR and type(act) is nn.GELU and type(fc1) is Linear and _eager_cpu(x)
-                and (self.drop1.p == 0.0 or not self.training) and not _hooked(fc1, act, self.drop1)):
+                and (self.drop1.p == 0.0 or not self.training) and not hooked(fc1, act, self.drop1)):
             return None
         dtype = _packed_dtype(x, fc1.weight)
         if dtype is None:
