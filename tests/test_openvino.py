@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from vitkit.hardware import detect
 pytest.importorskip("openvino")
 
 from vitkit.export.openvino import IR_BIN, IR_XML, META_FILE, OpenVinoRunner, export_openvino  # noqa: E402
+from vitkit.export.runner import CLOSE_CALL_REPEATS, fastest  # noqa: E402
 
 # (name, create_model kwargs): one of each kind the issue names; sizes small enough for a few seconds each
 PARITY_MODELS = {
@@ -328,3 +330,21 @@ def test_runners_released_in_any_order_leave_signals_working(pico_ir, fresh_pyth
             "os.kill(os.getpid(), signal.SIGUSR1)\nprint('handled', len(got))\n")
     run = fresh_python.run(code, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "handled 1", (run.returncode, run.stderr[-500:])
+
+
+def test_auto_times_a_close_call_again_among_the_leaders_only():
+    """Leaders within the margin get CLOSE_CALL_REPEATS more rounds among themselves; a clear loser does not."""
+    counts = {"fast": 0, "slow": 0}
+
+    def call(name, seconds):  # longer than paired_times' min_sample: one call a sample, so the counts are exact
+        def run():
+            counts[name] += 1
+            time.sleep(seconds)
+        return run
+
+    calls = {"fast": call("fast", 0.025), "slow": call("slow", 0.075)}
+    best, medians, close = fastest(calls)  # 3x apart: no close call, 2 warm-up + 5 rounds each
+    assert (best, close) == ("fast", []) and medians["fast"] < medians["slow"] and counts == {"fast": 7, "slow": 7}
+    best, medians, close = fastest(calls, close_call=10.0)  # both within the margin: both timed again, longer
+    assert sorted(close) == ["fast", "slow"] and best == "fast"
+    assert counts == dict.fromkeys(counts, 7 + 7 + 1 + CLOSE_CALL_REPEATS)
