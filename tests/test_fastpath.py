@@ -205,6 +205,17 @@ def test_bench_without_timm_names_the_extra_to_install(capsys, monkeypatch):
     assert len(err.splitlines()) == 1 and "pip install 'vitkit[bench]'" in err
 
 
+def test_bench_backends_compared_with_timm_eager_need_eager_in_one_line(capsys):
+    """openvino, onnx and the runner are compared with timm eager: without eager the run stops at once with one
+    line naming the fix, not with an internal KeyError after the first timings."""
+    assert main(["bench", "--models", "vit_pico_patch2_8", "--backends", "openvino", "runner"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--backends eager openvino runner" in err
+    from vitkit.bench import BenchOptions
+
+    assert BenchOptions(models=("vit_pico_patch2_8",), backends=("compile",)).backends == ("compile",)  # vs timm compile
+
+
 def test_bench_refuses_a_model_without_a_timm_twin_before_timing(capsys, monkeypatch):
     """A conv-stem hybrid has no twin in timm's plain VisionTransformer: the run stops at once with one line,
     not after the inference rows have been timed (a measured row is never thrown away for a later model)."""

@@ -76,6 +76,10 @@ class BenchOptions:
             bad = [v for v in getattr(self, name) if v not in allowed]
             if bad:
                 raise ConfigError(f"bench {name}: {bad[0]!r} is not one of {', '.join(allowed)}")
+        against_eager = [b for b in self.backends if b not in ("eager", "compile")]  # ratios against timm eager
+        if self.models and against_eager and "eager" not in self.backends:
+            raise ConfigError(f"bench backends: {against_eager[0]} is compared with timm eager, so the backends "
+                              f"need eager too (--backends eager {' '.join(self.backends)})")
         if self.clock not in CLOCKS:
             raise ConfigError(f"bench clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
         counts = [*self.batches, self.train_batch, self.warmup, self.repeats, self.threads or 1, self.matmul_n or 1]
