@@ -38,6 +38,7 @@ from .timing import CLOCKS, paired_ratio, paired_times
 PRECISIONS = ("fp32", "bf16-autocast", "bf16")  # bf16 = weights and inputs in bf16
 TRAIN_PRECISIONS = PRECISIONS[:2]
 BACKENDS = ("eager", "compile", "onnx", "onnx-int8", "openvino", "runner")
+TIMM_BACKENDS = ("eager", "compile")  # timm runs these too; every other backend's rows are compared with timm eager
 PEERS = ("timm", "openvino")  # the libraries a vitkit row is compared with
 # a second timm model with the same weights, timed in the same rounds as timm eager (BenchOptions.control): its "vs
 # timm" is what identical kernels measure against each other here, the noise floor of that column; not a peer
@@ -76,7 +77,7 @@ class BenchOptions:
             bad = [v for v in getattr(self, name) if v not in allowed]
             if bad:
                 raise ConfigError(f"bench {name}: {bad[0]!r} is not one of {', '.join(allowed)}")
-        against_eager = [b for b in self.backends if b not in ("eager", "compile")]  # ratios against timm eager
+        against_eager = [b for b in self.backends if b not in TIMM_BACKENDS]
         if self.models and against_eager and "eager" not in self.backends:
             raise ConfigError(f"bench backends: {against_eager[0]} is compared with timm eager, so the backends "
                               f"need eager too (--backends eager {' '.join(self.backends)})")
@@ -322,12 +323,12 @@ def _infer_rows(name, opts: BenchOptions, device, peaks, onnx_stem: Path) -> lis
                     fns[("vitkit", "runner")], picks[("vitkit", "runner")] = runner_fn(vk, x, precision)
                 else:
                     fns[("vitkit", backend)] = infer_fn(vk, x, precision, backend, onnx_stem)
-                if backend in ("eager", "compile"):
+                if backend in TIMM_BACKENDS:
                     fns[("timm", backend)] = infer_fn(tm, x, precision, backend, onnx_stem)
                 if backend == "eager" and opts.control:  # infer_fn copies the model: a second timm model
                     fns[(CONTROL, "eager")] = infer_fn(tm, x, precision, "eager", onnx_stem)
                     refs[(CONTROL, "eager")] = ("timm", "eager")
-                refs[("vitkit", backend)] = ("timm", backend if backend in ("eager", "compile") else "eager")
+                refs[("vitkit", backend)] = ("timm", backend if backend in TIMM_BACKENDS else "eager")
             rows += _rows(name, "infer", batch, precision, fns, refs, flops, peaks, opts, picks)
     return rows
 

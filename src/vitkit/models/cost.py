@@ -15,15 +15,25 @@ def _stem_cost(layer: str, img_size: tuple[int, int], patch_size: int, in_chans:
     CNN stem): built and run on the meta device (no memory, no compute), its MACs counted by FlopCounterMode
     (convolutions and matmuls; norms and activations are left out as everywhere here)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from ..layers import EMBED_LAYERS
 
+    stem, params, macs = _counted_on_meta(lambda: EMBED_LAYERS[layer](img_size, patch_size, in_chans, D, bias=bias),
+                                          lambda stem: stem(torch.empty(1, in_chans, *img_size)))
+    return params, macs, stem.num_patches
+
+
+def _counted_on_meta(build, run):
+    """(module, params, MACs) of `build()` made on the meta device (no memory, no compute) and called once by
+    `run(module)` under FlopCounterMode, which counts its convolutions and matmuls."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     with torch.device("meta"):
-        stem = EMBED_LAYERS[layer](img_size, patch_size, in_chans, D, bias=bias)
+        module = build()
         with FlopCounterMode(display=False) as counter:
-            stem(torch.empty(1, in_chans, *img_size))
-    return sum(p.numel() for p in stem.parameters()), counter.get_total_flops() // 2, stem.num_patches
+            run(module)
+    return module, sum(p.numel() for p in module.parameters()), counter.get_total_flops() // 2
 
 
 @lru_cache(maxsize=256)
@@ -32,16 +42,15 @@ def _mlp_cost(layer_cls: type, D: int, Hm: int, grid: tuple[int, int], prefix: i
     device as a stem is: what a layer costs (SwiGLU's two branches, a depthwise conv over the patch grid, a
     registered MLP) is read from the layer itself, so nothing here names the kinds."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from ..layers.mlp import mlp_needs_grid
 
-    with torch.device("meta"):
-        mlp = layer_cls(D, Hm)
+    def run(mlp):
         tokens = torch.empty(1, prefix + grid[0] * grid[1], D)  # [1, P + N, D]
-        with FlopCounterMode(display=False) as counter:
-            mlp(tokens, grid) if mlp_needs_grid(layer_cls) else mlp(tokens)
-    return sum(p.numel() for p in mlp.parameters()), counter.get_total_flops() // 2
+        return mlp(tokens, grid) if mlp_needs_grid(layer_cls) else mlp(tokens)
+
+    _, params, macs = _counted_on_meta(lambda: layer_cls(D, Hm), run)
+    return params, macs
 
 
 def _block_mlp_cost(cfg: ViTConfig, N: int) -> tuple[int, int]:
