@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 SWITCHES = ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training", "packed",
-            "widened_training")
+            "widened", "widened_training")
 
 SCRIPT = r"""
 import json, sys
@@ -26,14 +26,14 @@ runs = {
     "segment": dict(data="canvas-digits", task="segment", model="vit_tiny_patch4_28", img_size=32, in_chans=1,
                     task_args={"dim": 8}),
 }
+switches = json.loads(sys.argv[2])
 out = {}
 for name, kw in runs.items():
     t = Trainer(Recipe(**(common | kw)), sys.argv[1] + "/" + name, quiet=True)
     t.setup()
     found = {}
     for mname, m in t.task.named_modules():
-        for s in ("native_fastpath", "matmul_attention", "matmul_attention_training", "onednn", "onednn_training",
-                  "packed", "widened_training"):
+        for s in switches:
             if isinstance(getattr(m, s, None), bool):
                 found.setdefault(s, []).append([("model" if mname.startswith("model.") else "head"), getattr(m, s)])
     out[name] = found
@@ -43,7 +43,7 @@ print(json.dumps(out))
 
 def _switches(tmp_path, **env) -> dict:
     full = {k: v for k, v in os.environ.items() if k != "VITKIT_FAST_PATHS"} | env
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=full, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), json.dumps(SWITCHES)], env=full, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -65,7 +65,7 @@ def test_forced_paths_reach_the_task_heads_too(tmp_path):
     got = _switches(tmp_path, VITKIT_FAST_PATHS="native_encoder=on,matmul_attention=on,"
                                                "matmul_attention_training=on,onednn_linear=on,"
                                                "onednn_linear_training=on,packed_linear=on,"
-                                               "widened_bf16_training=on")
+                                               "widened_bf16=on,widened_bf16_training=on")
     for task, found in got.items():
         off = {s: [w for w, v in vals if not v] for s, vals in found.items()}
         assert not any(off.values()), (task, off)

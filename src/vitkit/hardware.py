@@ -41,6 +41,11 @@ Rules (a decision's `why` says which one applied):
                     GELU in fc1's matmul, or in place on fc1's output where the kernel is MKL's): with AMX (a
                     2-core Xeon: ViT-S/16 inference 1.04-1.13x timm, fp32 and bf16, batch 1 and 8); not measured
                     elsewhere.
+  widened_bf16      bf16 and bf16-autocast inference linears where oneDNN has no bf16 matmul (bf16 emulated):
+                    operands rounded to bf16 and widened to fp32 (exact), multiplied on packed fp32 weights, the
+                    output rounded to bf16 (layers.mlp.Linear.packed_plan). Decided apart from packed_linear:
+                    under the AVX2 cap a Zen 4's MKL packed sgemm lost in fp32 (0.94x) while this path ran the
+                    capped Xeon's bf16 rows 4.05-5.68x timm. Decided only by measuring (off by rule).
   widened_bf16_training
                     bf16 autocast linears under grad, where oneDNN has no bf16 matmul (bf16 emulated): operands
                     rounded to bf16 and widened to fp32 (exact), multiplied in fp32 forward and backward
@@ -61,10 +66,11 @@ Decided by measurement (issue 22: two Zen 4 machines with the same flags differe
 so no rule of the flags can hold everywhere): the first command that needs a decision times each measurable
 path against the path timm takes (`measure`: fp32 linear oneDNN vs F.linear, bf16 vs fp32 linear, one block's
 linears on packed weights vs F.linear at batch 1 and 8 in fp32 and bf16 (their geometric mean, counted only where
-none is slower), bf16 attention matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a
-training step of a pre-norm ViT block: bf16 attention under grad matmul + softmax vs SDPA, the block in bf16
-autocast vs fp32, and the fp32 linear with its backward, oneDNN vs F.linear; ViT-S shapes (training: also the
-fashion-mnist model's), a few seconds, said in one line) and caches the ratios per machine fingerprint
+none is slower; where oneDNN has no bf16 matmul, bf16 widened to fp32 on them at batch 1, apart), bf16 attention
+matmul + softmax vs SDPA, bf16 encoder layer fused kernel vs module path, and on a training step of a pre-norm
+ViT block: bf16 attention under grad matmul + softmax vs SDPA, the block in bf16 autocast vs fp32, and the fp32
+linear with its backward, oneDNN vs F.linear; ViT-S shapes (training: also the fashion-mnist model's), a few
+seconds, said in one line) and caches the ratios per machine fingerprint
 (`machine_key`: CPU model, flags, cores, threads, torch / oneDNN / ONNX Runtime / OpenVINO versions) in
 $VITKIT_CACHE/fast-paths.json (default ~/.cache/vitkit); later processes read it, `vitkit doctor --measure`
 refreshes it ($VITKIT_MEASURE_ROUNDS: rounds per path, default 15). A path is on where it
@@ -98,14 +104,14 @@ from .errors import ConfigError
 from .timing import paired_ratio, paired_times
 
 DECISIONS = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-             "matmul_attention_training", "native_encoder", "packed_linear", "widened_bf16_training",
-             "channels_last_training", "onnx_runtime")
+             "matmul_attention_training", "native_encoder", "packed_linear", "widened_bf16",
+             "widened_bf16_training", "channels_last_training", "onnx_runtime")
 # what `measure` times (CPU)
 MEASURABLE = ("bf16", "bf16_training", "onednn_linear", "onednn_linear_training", "matmul_attention",
-              "matmul_attention_training", "native_encoder", "packed_linear",
+              "matmul_attention_training", "native_encoder", "packed_linear", "widened_bf16",
               "widened_bf16_training")
 # timed only where this torch build has oneDNN
-NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training", "packed_linear", "widened_bf16_training")
+NEEDS_ONEDNN = ("onednn_linear", "onednn_linear_training", "packed_linear", "widened_bf16", "widened_bf16_training")
 MEASURED_WIN = 1.03  # a path is taken only where it measured at least this much faster than timm's path
 EMULATED_BF16 = 0.5  # bf16 linears under this ratio to fp32: emulated bf16, whose other paths are not timed
 ENV_OVERRIDE = "VITKIT_FAST_PATHS"
@@ -265,6 +271,7 @@ class Decisions:
     matmul_attention_training: bool  # under grad (training: forward and backward)
     native_encoder: bool
     packed_linear: bool  # inference: linear weights packed once for their kernel, an MLP's GELU in fc1's matmul
+    widened_bf16: bool  # inference: bf16 linears widened to fp32 on packed weights where bf16 is emulated
     widened_bf16_training: bool  # under grad: bf16 autocast linears widened to fp32 where bf16 is emulated
     channels_last_training: bool  # convolution weights (and so their outputs) in channels-last order in training
     onnx_runtime: bool
@@ -353,6 +360,9 @@ def decide(caps: Capabilities, device: str = "cpu", overrides: dict[str, bool] |
         "matmul_attention_training": _native_bf16_rule("2-5x faster than SDPA's flash kernel", caps, device),
         "native_encoder": _native_bf16_rule("1.07x the module path", caps, device),
         "packed_linear": _packed_rule(caps, device),
+        "widened_bf16": (False, "decided only by measuring, where oneDNN has no bf16 matmul: the AVX2 stand-in (a "
+                                "Xeon capped at AVX2) measured bf16 ViT-S/16 inference 4.05-5.68x timm's; not measured "
+                                "on a real CPU of that kind"),
         "widened_bf16_training": (False, "decided only by measuring, where oneDNN has no bf16 matmul: the AVX2 "
                                          "stand-in (a Xeon capped at AVX2) measured bf16-autocast training steps "
                                          "12.8-17.6x timm's; not measured on a real CPU of that kind"),
@@ -602,6 +612,7 @@ def _linear_training_step(x, w, function=None, bf16: bool = False):
     return step
 
 
+_WIDENED_NEVER_RUNS = "oneDNN has a bf16 matmul here, so the path never runs"
 # training shapes [B, N, D, heads]: the fashion-mnist recipe's model (at half its batch: the ratio is the same,
 # the time half), and ViT-S/16 at batch 8
 TRAINING_SHAPES = ((64, 50, 192, 3), (8, 197, 384, 6))
@@ -627,7 +638,7 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(tokens, dim, generator=g), torch.randn(4 * dim, dim, generator=g)  # MLP fc1: [T, D] x [4D, D]^T
-    ratios = {}
+    ratios, untimed = {}, {}
     with torch.inference_mode():
         if onednn.AVAILABLE:
             ratios["onednn_linear"] = _paired_median(lambda: torch.nn.functional.linear(x, w),
@@ -645,12 +656,16 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
             # ratio is their geometric mean, and it counts only where no case is slower than timm's path
             cases = [_packed_block(dtype, kernel, rows, dim, rounds, g) for dtype, kernel in precisions
                      for rows in (tokens // 8, tokens)]
-            # where oneDNN has no bf16 matmul, bf16 is widened to fp32 (layers.mlp.Linear.packed_plan): that must
-            # not lose either (batch 1 only: emulated bf16 is slow to time)
-            widened = [] if onednn.BF16 else [_packed_block(torch.bfloat16, fp32_kernel, tokens // 8, dim,
-                                                            max(3, rounds // 3), g, compute=torch.float32)]
-            worst = min(cases + widened)
-            ratios["packed_linear"] = math.prod(cases) ** (1 / len(cases)) if worst >= 1.0 else worst
+            ratios["packed_linear"] = math.prod(cases) ** (1 / len(cases)) if min(cases) >= 1.0 else min(cases)
+            # where oneDNN has no bf16 matmul, bf16 is widened to fp32 (layers.mlp.Linear.packed_plan), decided apart:
+            # it wins by emulated bf16's loss, whatever the fp32 packing does (batch 1 only: emulated bf16 is slow
+            # to time)
+            if onednn.BF16:
+                ratios["widened_bf16"] = None
+                untimed["widened_bf16"] = _WIDENED_NEVER_RUNS
+            else:
+                ratios["widened_bf16"] = _packed_block(torch.bfloat16, fp32_kernel, tokens // 8, dim,
+                                                       max(3, rounds // 3), g, compute=torch.float32)
         ratios["native_encoder"] = ratios["matmul_attention"] = None  # None: not timed, the flag rule decides
         if bf16_timed:
             layer = torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
@@ -681,7 +696,6 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
                                      few))
     # bf16 autocast linears under grad where oneDNN has no bf16 matmul: emulated F.linear against the widened form,
     # forward and backward (small: emulated bf16 is slow to time)
-    untimed = {}
     if onednn.AVAILABLE and not onednn.BF16:
         xw = torch.randn(256, 128, generator=g, requires_grad=True)  # [T, D]
         ww = torch.randn(256, 128, generator=g, requires_grad=True)  # [out, D]
@@ -690,7 +704,7 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
                                                          few)
     elif onednn.AVAILABLE:
         ratios["widened_bf16_training"] = None
-        untimed["widened_bf16_training"] = "oneDNN has a bf16 matmul here, so the path never runs"
+        untimed["widened_bf16_training"] = _WIDENED_NEVER_RUNS
     ratios["matmul_attention_training"] = min(matmul) if matmul else None
     ratios["bf16_training"] = min(training) if training else None
     if linear:
@@ -747,14 +761,14 @@ def choose_precision(asked: str, recipe_bf16: bool, decisions: Decisions) -> tup
 def apply_fast_paths(model: torch.nn.Module, decisions: Decisions, *, training: bool = False) -> dict[str, int]:
     """Set each module's fast-path switch to the decision, where the module has that switch:
     `native_fastpath` (encoder blocks), `matmul_attention` and `matmul_attention_training` (attention), `onednn`,
-    `onednn_training`, `packed` and `widened_training` (linear layers; an MLP fuses its GELU where its fc1 is
-    packed). `training` (a model about to be trained, before its optimiser is made): the convolutions' weights also
-    take the order `channels_last_training` decided (counted as "channels_last").
+    `onednn_training`, `packed`, `widened` and `widened_training` (linear layers; an MLP fuses its GELU where its
+    fc1 is packed). `training` (a model about to be trained, before its optimiser is made): the convolutions'
+    weights also take the order `channels_last_training` decided (counted as "channels_last").
     Returns how many modules each switch was set on."""
     switches = {"native_fastpath": decisions.native_encoder, "matmul_attention": decisions.matmul_attention,
                 "matmul_attention_training": decisions.matmul_attention_training, "onednn": decisions.onednn_linear,
                 "onednn_training": decisions.onednn_linear_training, "packed": decisions.packed_linear,
-                "widened_training": decisions.widened_bf16_training}
+                "widened": decisions.widened_bf16, "widened_training": decisions.widened_bf16_training}
     counts = dict.fromkeys(switches, 0)
     for module in model.modules():
         for attr, on in switches.items():

@@ -23,21 +23,24 @@ class Linear(nn.Linear):
     `onednn` (inference) and `onednn_training` (under grad) are the switches `vitkit.hardware` sets per machine
     from what it measured there (off: timm's F.linear). `packed` (inference, no grad; `packed_linear`) runs the
     matmul on the weight packed once per input row count (`packed_weight`), fp32 by MKL's packed sgemm, bf16 and
-    bf16 autocast by oneDNN (widened to fp32 where oneDNN has no bf16 matmul: `packed_plan`): the same numbers in
-    fp32, without laying the weight out again on every call."""
+    bf16 autocast by oneDNN: the same numbers in fp32, without laying the weight out again on every call. Where
+    oneDNN has no bf16 matmul, bf16 is widened to fp32 on packed weights (`packed_plan`) under its own switch,
+    `widened` (`widened_bf16`): it wins by emulated bf16's loss where the fp32 packing may not win at all."""
 
     onednn: bool = False  # timm's path until vitkit.hardware.apply_fast_paths decides
     onednn_training: bool = False  # the same under grad (forward and backward), decided apart: hardware.py
     # inference (no grad): the weight packed once per input row count for its kernel (`packed_plan`)
     packed: bool = False
+    # inference (no grad) in bf16 where oneDNN has no bf16 matmul: widened to fp32 on packed weights (`widened_bf16`)
+    widened: bool = False
     # under grad with bf16 autocast where oneDNN has no bf16 matmul: onednn.WidenedLinear (`widened_bf16_training`)
     widened_training: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grad = torch.is_grad_enabled()
-        if not grad and self.packed and _ONEDNN_LINEAR and _eager_cpu(x):
+        if not grad and (self.packed or self.widened) and _ONEDNN_LINEAR and _eager_cpu(x):
             dtype = _packed_dtype(x, self.weight)
-            if dtype is not None:
+            if dtype is not None and self.packs(dtype):
                 return self._packed_forward(x, dtype)
         if (grad and self.widened_training and not _ONEDNN_BF16 and torch.is_autocast_enabled("cpu")
                 and torch.get_autocast_dtype("cpu") == torch.bfloat16 and _eager_cpu(x)):
@@ -61,6 +64,11 @@ class Linear(nn.Linear):
         if gelu is not None:
             return linear_gelu(x, packed, bias, gelu)
         return packed_linear(x, packed, weight, bias, kernel).to(dtype)
+
+    def packs(self, dtype: torch.dtype) -> bool:
+        """Whether an inference matmul asked for in `dtype` runs packed: `widened` decides bf16 where oneDNN has no
+        bf16 matmul (the plan widens it to fp32), `packed` every other case."""
+        return self.widened if dtype == torch.bfloat16 and not _ONEDNN_BF16 else self.packed
 
     def packed_plan(self, dtype: torch.dtype) -> tuple[torch.dtype, str]:
         """(compute dtype, kernel) of a packed inference matmul asked for in `dtype`. fp32: MKL's packed sgemm,
@@ -129,10 +137,11 @@ def make_act(name: str) -> nn.Module:
 class Mlp(nn.Module):
     """fc1 -> act -> fc2 (the ViT paper's MLP).
 
-    Where fc1 runs on packed weights (its `packed` switch, vitkit.hardware's `packed_linear`), inference (no grad)
-    on the CPU keeps the [B, N, hidden] activation to one buffer, written once: in oneDNN (bf16, bf16 autocast, fp32
-    where `onednn` is on) fc1 and its GELU run as one matmul with the GELU in its epilogue; MKL's packed fp32 sgemm
-    has no epilogue, so the GELU runs in place on fc1's output, a tensor only this call holds. On a 2-core Xeon
+    Where fc1 runs on packed weights (`Linear.packs`: vitkit.hardware's `packed_linear`, or `widened_bf16` for bf16
+    where oneDNN has no bf16 matmul), inference (no grad) on the CPU keeps the [B, N, hidden] activation to one
+    buffer, written once: in oneDNN (bf16, bf16 autocast, fp32 where `onednn` is on) fc1 and its GELU run as one
+    matmul with the GELU in its epilogue; MKL's packed fp32 sgemm (and bf16 widened to fp32) has no epilogue, so the
+    GELU runs in place on fc1's output, a tensor only this call holds. On a 2-core Xeon
     with AMX the in-place GELU took ViT-S/16 batch-8 fp32 inference from 1.00-1.02x timm (packed fc1, then a GELU
     into a second buffer) to 1.25-1.34x, the same numbers bit for bit (BENCHMARKS.md, "Packed weights"). Not under
     grad, with hooks on fc1 or act, or for other activations."""
@@ -146,7 +155,7 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled() and getattr(self.fc1, "packed", False):
+        if not torch.is_grad_enabled() and type(self.fc1) is Linear and (self.fc1.packed or self.fc1.widened):
             h = self._packed_fc1_gelu(x)
             if h is not None:
                 return self.drop2(self.fc2(h))  # [..., D]; drop1 is inactive where the fused path runs
@@ -160,7 +169,7 @@ class Mlp(nn.Module):
                 and (self.drop1.p == 0.0 or not self.training) and not hooked(fc1, act, self.drop1)):
             return None
         dtype = _packed_dtype(x, fc1.weight)
-        if dtype is None:
+        if dtype is None or not fc1.packs(dtype):
             return None
         if fc1.packed_plan(dtype) == (dtype, "onednn"):
             return fc1._packed_forward(x, dtype, gelu=act.approximate)
