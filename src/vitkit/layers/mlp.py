@@ -137,14 +137,15 @@ def make_act(name: str) -> nn.Module:
 class Mlp(nn.Module):
     """fc1 -> act -> fc2 (the ViT paper's MLP).
 
-    Where fc1 runs on packed weights (`Linear.packs`: vitkit.hardware's `packed_linear`, or `widened_bf16` for bf16
-    where oneDNN has no bf16 matmul), inference (no grad) on the CPU keeps the [B, N, hidden] activation to one
-    buffer, written once: in oneDNN (bf16, bf16 autocast, fp32 where `onednn` is on) fc1 and its GELU run as one
-    matmul with the GELU in its epilogue; MKL's packed fp32 sgemm (and bf16 widened to fp32) has no epilogue, so the
-    GELU runs in place on fc1's output, a tensor only this call holds. On a 2-core Xeon
-    with AMX the in-place GELU took ViT-S/16 batch-8 fp32 inference from 1.00-1.02x timm (packed fc1, then a GELU
-    into a second buffer) to 1.25-1.34x, the same numbers bit for bit (BENCHMARKS.md, "Packed weights"). Not under
-    grad, with hooks on fc1 or act, or for other activations."""
+    Inference (no grad) on the CPU keeps the [B, N, hidden] activation to one buffer, written once, the numbers of
+    the module path bit for bit: the GELU runs in place on fc1's output, a tensor only this call holds; where fc1
+    runs on packed weights in oneDNN (`Linear.packs` with `packed_plan` (dtype, "onednn"): bf16, bf16 autocast, fp32
+    where `onednn` is on) fc1 and its GELU run as one matmul with the GELU in its epilogue. Measured against
+    timm's out-of-place GELU, ViT-S/16 fp32 inference on a 2-core Zen 4 with no packed weights: 1.14x / 1.25x timm
+    at batch 1 / 8 against 1.08x / 1.13x (1.01x / 1.14x under the AVX2 cap, against 1.00x / 0.98x); on a 2-core Xeon
+    with AMX, on top of packed weights, 1.25-1.34x at batch 8 against 1.00-1.02x (BENCHMARKS.md, "Packed
+    weights"). Not under grad (autograd keeps GELU's input), with hooks on fc1 or act, for other activations, or
+    off the CPU's eager code (compiled, traced, dispatch modes: their own kernels)."""
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
         super().__init__()
@@ -155,25 +156,24 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled() and type(self.fc1) is Linear and (self.fc1.packed or self.fc1.widened):
-            h = self._packed_fc1_gelu(x)
+        if not torch.is_grad_enabled():
+            h = self._inference_fc1_gelu(x)
             if h is not None:
-                return self.drop2(self.fc2(h))  # [..., D]; drop1 is inactive where the fused path runs
+                return self.drop2(self.fc2(h))  # [..., D]; drop1 is inactive where this path runs
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
-    def _packed_fc1_gelu(self, x: torch.Tensor) -> torch.Tensor | None:
-        """GELU(fc1(x)) [..., hidden] on fc1's packed weight in one buffer (see the class), or None where that path
-        does not apply."""
+    def _inference_fc1_gelu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """GELU(fc1(x)) [..., hidden] in one buffer (see the class), or None where that path does not apply."""
         fc1, act = self.fc1, self.act
-        if not (_ONEDNN_LINEAR and type(act) is nn.GELU and type(fc1) is Linear and _eager_cpu(x)
+        if not (type(act) is nn.GELU and type(fc1) is Linear and _eager_cpu(x)
                 and (self.drop1.p == 0.0 or not self.training) and not hooked(fc1, act, self.drop1)):
             return None
         dtype = _packed_dtype(x, fc1.weight)
-        if dtype is None or not fc1.packs(dtype):
-            return None
-        if fc1.packed_plan(dtype) == (dtype, "onednn"):
+        if (_ONEDNN_LINEAR and dtype is not None and fc1.packs(dtype)
+                and fc1.packed_plan(dtype) == (dtype, "onednn")):
             return fc1._packed_forward(x, dtype, gelu=act.approximate)
-        # MKL's packed sgemm, or bf16 widened: no epilogue, so in place on fc1's fresh output, this call's own
+        # every other kernel (F.linear, MKL's packed sgemm, bf16 widened) has no epilogue: in place on fc1's fresh
+        # output, this call's own
         return torch.ops.aten.gelu_(fc1(x), approximate=act.approximate)
 
 
