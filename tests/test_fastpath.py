@@ -402,9 +402,8 @@ def test_mlp_runs_fc1_and_gelu_as_one_matmul_where_fc1_is_packed_in_onednn(act, 
 
 def test_mlp_inference_runs_its_gelu_in_place_with_the_module_paths_numbers():
     """With no fast path on (timm's kernels), inference runs the MLP's GELU in place on fc1's fresh output: the
-    module path's numbers bit for bit, the input untouched, one hidden-sized buffer instead of two (ViT-S/16 fp32
-    on a Zen 4 without packed weights: 1.25x timm at batch 8 against 1.13x). Under grad, with a hook on the
-    activation, or for another activation, the module path runs."""
+    module path's numbers bit for bit, the input untouched, one hidden-sized buffer instead of two. Under grad, with
+    a hook on the activation, or for another activation, the module path runs."""
     from torch.profiler import ProfilerActivity, profile
 
     from vitkit.layers.mlp import Mlp

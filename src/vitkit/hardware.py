@@ -38,7 +38,7 @@ Rules (a decision's `why` says which one applied):
                     1.07x); not measured elsewhere.
   packed_linear     inference linears on weights packed once per batch shape for their kernel (MKL's packed
                     sgemm in fp32, as inductor's freezing does; oneDNN's blocked layout in bf16, with an MLP's
-                    GELU in fc1's matmul, or in place on fc1's output where the kernel is MKL's): with AMX (a
+                    GELU in fc1's matmul where the kernel is oneDNN's): with AMX (a
                     2-core Xeon: ViT-S/16 inference 1.04-1.13x timm, fp32 and bf16, batch 1 and 8); not measured
                     elsewhere.
   widened_bf16      bf16 and bf16-autocast inference linears where oneDNN has no bf16 matmul (bf16 emulated):
@@ -539,31 +539,32 @@ def _slow_encoder_layer(layer, x):
 
 def _packed_block(dtype: torch.dtype, kernel: str, rows: int, dim: int, rounds: int, g,
                   compute: torch.dtype | None = None) -> float:
-    """The ratio timm's path / the `packed_linear` path over one ViT block's linears on `rows` tokens of width `dim`
-    in `dtype`: qkv, proj, GELU(fc1), fc2 by F.linear (and F.gelu), against weights packed for `kernel` (bf16 runs
-    oneDNN) with fc1's GELU in the matmul where that is oneDNN, as layers.mlp.Linear and Mlp run them; `compute`:
-    the packed side widens its operands to that dtype and rounds its outputs back (bf16 without oneDNN's kernel).
-    Without the epilogue, fc1's GELU runs in place, as in Mlp."""
+    """The ratio unpacked path / packed path over one ViT block's linears on `rows` tokens of width `dim` in
+    `dtype`: qkv, proj, GELU(fc1), fc2 by F.linear, timm's kernel, with fc1's GELU in place on its output (as Mlp runs
+    inference without packed weights: the packing is credited with its own gain only), against weights packed for
+    `kernel` (bf16 runs oneDNN) with fc1's GELU in the matmul where that is oneDNN, as layers.mlp.Linear and Mlp run
+    them; `compute`: the packed side widens its operands to that dtype and rounds its outputs back (bf16 without
+    oneDNN's kernel). Without the epilogue, fc1's GELU runs in place on the packed side too."""
     compute = compute or dtype
     shapes = ((dim, 3 * dim), (dim, dim), (dim, 4 * dim), (4 * dim, dim))  # (in, out): qkv, proj, fc1, fc2
     x, h = torch.randn(rows, dim, generator=g).to(dtype), torch.randn(rows, 4 * dim, generator=g).to(dtype)  # [T, .]
     ws = [torch.randn(d_out, d_in, generator=g).to(dtype) for d_in, d_out in shapes]  # [out, in]: qkv, proj, fc1, fc2
     wide = [w.to(compute) for w in ws]
     packs = [onednn.pack(w, rows, kernel) for w in wide]
-    linear, gelu = torch.nn.functional.linear, torch.nn.functional.gelu
+    linear, gelu_ = torch.nn.functional.linear, torch.ops.aten.gelu_
     fused = kernel == "onednn" and compute == dtype
 
-    def timm_path():
-        return linear(x, ws[0]), linear(x, ws[1]), gelu(linear(x, ws[2])), linear(h, ws[3])
+    def unpacked():
+        return linear(x, ws[0]), linear(x, ws[1]), gelu_(linear(x, ws[2])), linear(h, ws[3])
 
     def run(i: int, inp: torch.Tensor) -> torch.Tensor:
         return onednn.packed_linear(inp.to(compute), packs[i], wide[i], None, kernel).to(dtype)
 
     def packed():
-        fc1 = onednn.linear_gelu(x, packs[2]) if fused else torch.ops.aten.gelu_(run(2, x))  # as Mlp runs it
+        fc1 = onednn.linear_gelu(x, packs[2]) if fused else gelu_(run(2, x))  # as Mlp runs it
         return run(0, x), run(1, x), fc1, run(3, h)
 
-    return _paired_median(timm_path, packed, rounds)
+    return _paired_median(unpacked, packed, rounds)
 
 
 def _attention(q, k, v, matmul: bool):

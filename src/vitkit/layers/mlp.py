@@ -140,11 +140,10 @@ class Mlp(nn.Module):
     Inference (no grad) on the CPU keeps the [B, N, hidden] activation to one buffer, written once, the numbers of
     the module path bit for bit: the GELU runs in place on fc1's output, a tensor only this call holds; where fc1
     runs on packed weights in oneDNN (`Linear.packs` with `packed_plan` (dtype, "onednn"): bf16, bf16 autocast, fp32
-    where `onednn` is on) fc1 and its GELU run as one matmul with the GELU in its epilogue. Measured against
-    timm's out-of-place GELU, ViT-S/16 fp32 inference on a 2-core Zen 4 with no packed weights: 1.14x / 1.25x timm
-    at batch 1 / 8 against 1.08x / 1.13x (1.01x / 1.14x under the AVX2 cap, against 1.00x / 0.98x); on a 2-core Xeon
-    with AMX, on top of packed weights, 1.25-1.34x at batch 8 against 1.00-1.02x (BENCHMARKS.md, "Packed
-    weights"). Not under grad (autograd keeps GELU's input), with hooks on fc1 or act, for other activations, or
+    where `onednn` is on) fc1 and its GELU run as one matmul with the GELU in its epilogue. ViT-S/16 fp32 inference
+    at batch 8 on a 2-core Zen 4 under the AVX2 cap (timm's kernels otherwise): 1.13x the out-of-place GELU with three
+    models in one process, +6% with one model per process, level at batch 1 (BENCHMARKS.md, "The widened bf16 path
+    decided apart"). Not under grad (autograd keeps GELU's input), with hooks on fc1 or act, for other activations, or
     off the CPU's eager code (compiled, traced, dispatch modes: their own kernels)."""
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0, bias: bool = True):
