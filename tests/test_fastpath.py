@@ -319,6 +319,24 @@ def test_training_attention_switch_applies_under_grad_only_and_gives_the_same_gr
     assert _cos(out, ref_out) > 0.999 and all(_cos(a, b) > 0.99 for a, b in zip(g, ref_g))
 
 
+def test_bench_matmul_rates_time_a_slow_kernel_once(monkeypatch):
+    """A matmul-rate kernel whose first call takes longer than SLOW_MATMUL_S (emulated bf16 under an AVX2 cap: 44 s
+    at n = 2048) is timed by that call alone; the others get their warm-up and `repeats` rounds."""
+    from vitkit import bench
+
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: calls.append(a.dtype) or real_mm(a, b))
+    rates = bench.matmul_rates(32, repeats=5)
+    # the first call, a warm-up, then 5 rounds (a call this short repeats within a round)
+    assert min(calls.count(torch.float32), calls.count(torch.bfloat16)) >= 1 + 1 + 5 and all(rates.values())
+    calls.clear()
+    monkeypatch.setattr(bench, "SLOW_MATMUL_S", 0.0)  # every kernel "slow": one call each
+    rates = bench.matmul_rates(32, repeats=5)
+    assert calls == [torch.float32, torch.bfloat16] and set(rates) >= {"fp32 torch.mm", "bf16 torch.mm"}
+    assert all(r > 0 for r in rates.values())
+
+
 def test_packed_linear_equals_f_linear_packs_once_and_follows_the_weight():
     """The `packed_linear` path (inference): the weight packed once per row count for its kernel, the numbers
     F.linear gives; a new row count packs again (at most PackCache.keep kept), an in-place change of the weight is
