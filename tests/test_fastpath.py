@@ -478,6 +478,15 @@ def test_packed_linear_shared_by_threads_with_changing_batch_shapes():
     assert len(lin._packs.packs) <= lin._packs.keep
 
 
+def _prints_ok_under_the_avx2_cap(code: str) -> None:
+    """Run `code` in a fresh process with torch's and oneDNN's kernels capped at AVX2 (bf16 emulated, no oneDNN bf16
+    matmul): it must exit cleanly and print only "ok"."""
+    env = os.environ | {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
 def test_bf16_is_widened_to_fp32_on_packed_weights_under_its_own_switch_where_onednn_has_no_bf16_kernel():
     """Under the AVX2 cap oneDNN has no bf16 matmul (its reorder raised in `vitkit bench`'s bf16 rows): a layer
     whose `widened` switch is on (`widened_bf16`) then widens its bf16-rounded operands to fp32 (exact), multiplies
@@ -520,10 +529,7 @@ with torch.inference_mode():
     assert {key[3] for key in half.fc1._packs.packs} == {torch.float32}
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items()} | {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    _prints_ok_under_the_avx2_cap(code)
 
 
 def test_widened_bf16_training_matches_autocast_where_onednn_has_no_bf16_matmul():
@@ -552,10 +558,7 @@ for got, want in zip(wide[:4], ref[:4]):
     assert got.dtype == want.dtype and (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items()} | {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    _prints_ok_under_the_avx2_cap(code)
     import vitkit.onednn as onednn
     from vitkit.layers.mlp import Linear
 

@@ -43,8 +43,8 @@ print(json.dumps(out))
 
 def _switches(tmp_path, **env) -> dict:
     full = {k: v for k, v in os.environ.items() if k != "VITKIT_FAST_PATHS"} | env
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), json.dumps(SWITCHES)], env=full, capture_output=True, text=True,
-                          timeout=300, check=False)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), json.dumps(SWITCHES)], env=full,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
