@@ -379,3 +379,23 @@ def test_bench_and_the_fast_path_measurement_share_one_timing_harness():
     assert bench.paired_times is timing.paired_times and bench.paired_ratio is timing.paired_ratio
     edges = graph()
     assert "vitkit.timing" in edges["vitkit.hardware"] and "vitkit.timing" in edges["vitkit.bench"]
+
+
+
+def test_onednn_training_linear_is_timed_on_a_blocks_four_linears(monkeypatch):
+    """`onednn_linear_training` is timed on one block's qkv, proj, fc1 and fc2 together, at each entry of
+    LINEAR_TRAINING_BLOCKS (under the AVX2 cap a Zen 5 measured fc1's step alone 1.03-1.04x and proj's and fc2's
+    0.80-0.95x, and the whole fp32 training step lost with the path on): timm's F.linear against oneDNN's function."""
+    from vitkit import hardware, onednn
+
+    if not onednn.AVAILABLE:
+        pytest.skip("this torch build has no oneDNN linear")
+    seen = []
+    real = hardware._block_linears_step
+    monkeypatch.setattr(hardware, "_block_linears_step", lambda pairs, function=None: seen.append(
+        ([tuple(w.shape) for _, w in pairs], function)) or real(pairs, function))
+    monkeypatch.setattr(hardware, "_paired_median", lambda a, b, rounds: (a(), b(), 1.0)[-1])  # each runs once
+    hardware.measure(rounds=3)
+    blocks = [[(3 * d, d), (d, d), (r * d, d), (d, r * d)] for _, d, r in hardware.LINEAR_TRAINING_BLOCKS]
+    assert [shapes for shapes, f in seen if f is None] == blocks
+    assert [shapes for shapes, f in seen if f is onednn.OneDnnLinear] == blocks

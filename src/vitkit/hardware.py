@@ -118,8 +118,9 @@ ENV_OVERRIDE = "VITKIT_FAST_PATHS"
 ENV_MEASURE = "VITKIT_MEASURE"  # 0: no measuring; the flag rules decide (CI and the tests set it)
 # How `measure` times, recorded in every cache entry: an entry made another way is measured again. 2: the paths
 # timed on the CPU whatever the default device (entries of 1, made under `vitkit bench`'s meta device, timed meta
-# tensors and turned bf16 on where it is emulated)
-METHOD = 2
+# tensors and turned bf16 on where it is emulated); 3: oneDNN's linear in training timed on a block's four linears,
+# not fc1 alone (entries of 2 turned it on where the whole step lost)
+METHOD = 3
 ENV_ROUNDS = "VITKIT_MEASURE_ROUNDS"  # paired rounds per path (default 15): fewer is quicker and noisier
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
@@ -613,14 +614,27 @@ def _linear_training_step(x, w, function=None, bf16: bool = False):
     return step
 
 
+def _block_linears_step(pairs, function=None):
+    """One forward + backward of each linear (input, weight) in `pairs`, in one call: a block's linears, by F.linear
+    or by `function` (`_linear_training_step`)."""
+    steps = [_linear_training_step(x, w, function) for x, w in pairs]
+
+    def step():
+        for one in steps:
+            one()
+    return step
+
+
 _WIDENED_NEVER_RUNS = "oneDNN has a bf16 matmul here, so the path never runs"
 # training shapes [B, N, D, heads]: the fashion-mnist recipe's model (at half its batch: the ratio is the same,
 # the time half), and ViT-S/16 at batch 8
 TRAINING_SHAPES = ((64, 50, 192, 3), (8, 197, 384, 6))
-# the fp32 linear in training, [tokens, in, out] of an MLP's fc1: the fashion-mnist recipe's model (128 wide, MLP
-# ratio 2, 49 tokens, half its batch: its narrow width is where oneDNN's transposed copies in the backward cost most)
-# and ViT-S/16 at batch 8
-LINEAR_TRAINING_SHAPES = ((64 * 49, 128, 256), (8 * 197, 384, 1536))
+# the fp32 linear in training, [tokens, width, MLP ratio] of a block whose four linears (qkv, proj, fc1, fc2) are timed
+# together: the fashion-mnist recipe's model (128 wide, MLP ratio 2, 49 tokens, half its batch: its narrow width is
+# where oneDNN's transposed copies in the backward cost most) and ViT-S/16 at batch 8. All four, not fc1 alone: under
+# the AVX2 cap a Zen 5 measured fc1's step 1.03-1.04x and its proj and fc2 0.80-0.95x, and the bench's fp32 training
+# steps ran 0.91-0.92x timm with the path on (BENCHMARKS.md, "A Zen 5 capped at AVX2")
+LINEAR_TRAINING_BLOCKS = ((64 * 49, 128, 2), (8 * 197, 384, 4))
 
 
 def measure(rounds: int = 15, tokens: int = 8 * 197, dim: int = 384, heads: int = 6) -> dict:
@@ -690,10 +704,12 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
                                      few))
         training.append(_paired_median(_training_step(block, xt, False),
                                        _training_step(block, xt, True, matmul[-1] >= MEASURED_WIN), few))
-    for tokens_, d_in, d_out in LINEAR_TRAINING_SHAPES if onednn.AVAILABLE else ():  # forward and both gradients
-        xl = torch.randn(tokens_, d_in, generator=g, requires_grad=True)  # [B*N, D]
-        wl = torch.randn(d_out, d_in, generator=g, requires_grad=True)  # [hidden, D]
-        linear.append(_paired_median(_linear_training_step(xl, wl), _linear_training_step(xl, wl, onednn.OneDnnLinear),
+    for tokens_, d, ratio in LINEAR_TRAINING_BLOCKS if onednn.AVAILABLE else ():  # forward and both gradients
+        pairs = []
+        for d_in, d_out in ((d, 3 * d), (d, d), (d, ratio * d), (ratio * d, d)):  # qkv, proj, fc1, fc2
+            pairs.append((torch.randn(tokens_, d_in, generator=g, requires_grad=True),  # [B*N, in]
+                          torch.randn(d_out, d_in, generator=g, requires_grad=True)))  # [out, in]
+        linear.append(_paired_median(_block_linears_step(pairs), _block_linears_step(pairs, onednn.OneDnnLinear),
                                      few))
     # bf16 autocast linears under grad where oneDNN has no bf16 matmul: emulated F.linear against the widened form,
     # forward and backward (small: emulated bf16 is slow to time)
