@@ -381,11 +381,10 @@ def test_bench_and_the_fast_path_measurement_share_one_timing_harness():
     assert "vitkit.timing" in edges["vitkit.hardware"] and "vitkit.timing" in edges["vitkit.bench"]
 
 
-
 def test_onednn_training_linear_is_timed_on_a_blocks_four_linears(monkeypatch):
     """`onednn_linear_training` is timed on one block's qkv, proj, fc1 and fc2 together, at each entry of
-    LINEAR_TRAINING_BLOCKS (under the AVX2 cap a Zen 5 measured fc1's step alone 1.03-1.04x and proj's and fc2's
-    0.80-0.95x, and the whole fp32 training step lost with the path on): timm's F.linear against oneDNN's function."""
+    LINEAR_TRAINING_BLOCKS (under the AVX2 cap a Zen 5 measured fc1's step alone at 1.04x, proj's and fc2's at
+    0.80-1.02x, and the whole fp32 training step lost with the path on): timm's F.linear against oneDNN's function."""
     from vitkit import hardware, onednn
 
     if not onednn.AVAILABLE:

@@ -632,8 +632,8 @@ TRAINING_SHAPES = ((64, 50, 192, 3), (8, 197, 384, 6))
 # the fp32 linear in training, [tokens, width, MLP ratio] of a block whose four linears (qkv, proj, fc1, fc2) are timed
 # together: the fashion-mnist recipe's model (128 wide, MLP ratio 2, 49 tokens, half its batch: its narrow width is
 # where oneDNN's transposed copies in the backward cost most) and ViT-S/16 at batch 8. All four, not fc1 alone: under
-# the AVX2 cap a Zen 5 measured fc1's step 1.03-1.04x and its proj and fc2 0.80-0.95x, and the bench's fp32 training
-# steps ran 0.91-0.92x timm with the path on (BENCHMARKS.md, "A Zen 5 capped at AVX2")
+# the AVX2 cap a Zen 5 measured fc1's step at 1.04x (on), while proj's and fc2's, timed apart, ran 0.80-1.02x and the
+# bench's fp32 training steps 0.91-0.92x timm with the path on (BENCHMARKS.md, "A Zen 5 capped at AVX2")
 LINEAR_TRAINING_BLOCKS = ((64 * 49, 128, 2), (8 * 197, 384, 4))
 
 
