@@ -538,6 +538,11 @@ def _slow_encoder_layer(layer, x):
         torch.backends.mha.set_fastpath_enabled(True)
 
 
+def _block_linear_shapes(dim: int, mlp_ratio: int = 4) -> tuple[tuple[int, int], ...]:
+    """(in, out) of a ViT block's four linears: qkv, proj, fc1, fc2."""
+    return (dim, 3 * dim), (dim, dim), (dim, mlp_ratio * dim), (mlp_ratio * dim, dim)
+
+
 def _packed_block(dtype: torch.dtype, kernel: str, rows: int, dim: int, rounds: int, g,
                   compute: torch.dtype | None = None) -> float:
     """The ratio unpacked path / packed path over one ViT block's linears on `rows` tokens of width `dim` in
@@ -547,7 +552,7 @@ def _packed_block(dtype: torch.dtype, kernel: str, rows: int, dim: int, rounds: 
     them; `compute`: the packed side widens its operands to that dtype and rounds its outputs back (bf16 without
     oneDNN's kernel). Without the epilogue, fc1's GELU runs in place on the packed side too."""
     compute = compute or dtype
-    shapes = ((dim, 3 * dim), (dim, dim), (dim, 4 * dim), (4 * dim, dim))  # (in, out): qkv, proj, fc1, fc2
+    shapes = _block_linear_shapes(dim)
     x, h = torch.randn(rows, dim, generator=g).to(dtype), torch.randn(rows, 4 * dim, generator=g).to(dtype)  # [T, .]
     ws = [torch.randn(d_out, d_in, generator=g).to(dtype) for d_in, d_out in shapes]  # [out, in]: qkv, proj, fc1, fc2
     wide = [w.to(compute) for w in ws]
@@ -706,7 +711,7 @@ def _measure(rounds: int, tokens: int, dim: int, heads: int) -> dict:
                                        _training_step(block, xt, True, matmul[-1] >= MEASURED_WIN), few))
     for tokens_, d, ratio in LINEAR_TRAINING_BLOCKS if onednn.AVAILABLE else ():  # forward and both gradients
         pairs = []
-        for d_in, d_out in ((d, 3 * d), (d, d), (d, ratio * d), (ratio * d, d)):  # qkv, proj, fc1, fc2
+        for d_in, d_out in _block_linear_shapes(d, ratio):
             pairs.append((torch.randn(tokens_, d_in, generator=g, requires_grad=True),  # [B*N, in]
                           torch.randn(d_out, d_in, generator=g, requires_grad=True)))  # [out, in]
         linear.append(_paired_median(_block_linears_step(pairs), _block_linears_step(pairs, onednn.OneDnnLinear),
