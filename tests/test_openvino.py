@@ -23,7 +23,7 @@ from vitkit.hardware import detect
 pytest.importorskip("openvino")
 
 from vitkit.export.openvino import IR_BIN, IR_XML, META_FILE, OpenVinoRunner, export_openvino  # noqa: E402
-from vitkit.export.runner import CLOSE_CALL_REPEATS, fastest  # noqa: E402
+from vitkit.export.runner import CLOSE_CALL_REPEATS, METHOD, fastest  # noqa: E402
 
 # (name, create_model kwargs): one of each kind the issue names; sizes small enough for a few seconds each
 PARITY_MODELS = {
@@ -149,7 +149,8 @@ def test_auto_backend_measured_once_and_cached(tmp_path, monkeypatch):
     run = vitkit.runner(model, precision="fp32", batch_size=2)
     cache = tmp_path / "cache" / "runtimes.json"
     entries = json.loads(cache.read_text())
-    (entry,) = entries.values()
+    ((key, entry),) = entries.items()
+    assert key.startswith(f"method {METHOD} | ")  # what "auto" timed: a change of method measures again
     assert run.backend == entry["backend"] in ("torch", "openvino", "onnx") and set(entry["seconds_per_batch"]) == {
         "torch", "openvino", "onnx"}
     entry["backend"] = "openvino" if run.backend == "torch" else "torch"  # the cache decides a later call
@@ -179,6 +180,23 @@ def test_a_batch_split_across_streams_gives_the_one_stream_outputs_in_order(pico
         vitkit.runner(vitkit.create_model("vit_pico_patch2_8"), backend="torch", streams=2)
 
 
+def test_a_runner_built_for_a_batch_size_compiles_that_shape_fixed_and_others_on_the_dynamic_graph(pico_ir):
+    dynamic = OpenVinoRunner(pico_ir, threads=2)
+    fixed = OpenVinoRunner(pico_ir, threads=2, streams=2, batch_size=5)  # slices of 3 and 2
+    assert fixed.static_sizes == [2, 3] and sorted(fixed._requests) == [2, 3]  # nothing batch-dynamic compiled yet
+    for size in (2, 3):
+        assert str(fixed._requests[size][0].get_compiled_model().inputs[0].partial_shape) == f"[{size},1,8,8]"
+    assert not dynamic._requests[None][0].get_compiled_model().inputs[0].partial_shape.is_static
+    for b in (5, 4, 7, 1):  # 4: two slices of 2 on the fixed graph; 7: 4 on the dynamic one, 3 on the fixed one
+        x = batch_for(fixed, b, seed=b)
+        assert torch.equal(fixed(x), dynamic(x)), b
+    assert None in fixed._requests  # compiled when a batch first needed it
+    run = vitkit.runner(pico_ir, backend="openvino", precision="fp32", threads=2, batch_size=3)
+    assert run._call.static_sizes == [3] and torch.equal(run(batch_for(run, 3)), dynamic(batch_for(run, 3)))
+    with pytest.raises(ConfigError, match="batch_size must be a positive"):
+        OpenVinoRunner(pico_ir, batch_size=0)
+
+
 def test_auto_times_openvino_split_across_streams_where_the_batch_and_threads_allow(tmp_path, monkeypatch):
     monkeypatch.setenv("VITKIT_MEASURE", "1")
     model = vitkit.create_model("vit_pico_patch2_8")
@@ -187,6 +205,8 @@ def test_auto_times_openvino_split_across_streams_where_the_batch_and_threads_al
     assert set(entry["seconds_per_batch"]) == {"torch", "openvino", "openvino x2", "onnx"}
     assert (run.backend, run.streams) == {"torch": ("torch", 1), "onnx": ("onnx", 1), "openvino": ("openvino", 1),
                                           "openvino x2": ("openvino", 2)}[entry["backend"]]
+    if run.backend == "openvino":  # built for the batch it was measured at, as it was timed
+        assert run._call.static_sizes == ([4] if run.streams == 1 else [2])
     x = batch_for(model, 4)
     with torch.no_grad():
         assert float((run(x) - model.eval()(x)).abs().max()) <= 1e-4

@@ -9,8 +9,9 @@ the image size is the model's.
 OpenVINO is called as its documentation shows: `ov.convert_model(module, example_input=...)`,
 `ov.save_model(..., compress_to_fp16=False)`, `Core().compile_model(model, "CPU", {INFERENCE_PRECISION_HINT,
 INFERENCE_NUM_THREADS, PERFORMANCE_HINT: LATENCY})`; with `streams=N` the THROUGHPUT hint and N streams instead,
-a batch split into N slices run at once. bf16 runs only where the CPU has native bf16
-(`vitkit.hardware`): elsewhere OpenVINO would quietly compute in f32, and vitkit says so instead.
+a batch split into N slices run at once. A runner built for a batch size compiles that batch's shape fixed. bf16 runs
+only where the CPU has native bf16 (`vitkit.hardware`): elsewhere OpenVINO would quietly compute in f32, and vitkit
+says so instead.
 """
 from __future__ import annotations
 
@@ -196,34 +197,36 @@ class OpenVinoRunner(InferenceOnly):
     train_error = ExportError
 
     def __init__(self, folder: str | os.PathLike, precision: str = "fp32", threads: int | None = None,
-                 streams: int = 1):
+                 streams: int = 1, batch_size: int | None = None):
+        """`batch_size`: the batch the runner is built for. Its graph (each stream's slice of it) is compiled with
+        that batch fixed; any other batch size runs the batch-dynamic graph, compiled when first needed. None:
+        batch-dynamic only. Fixed shapes let OpenVINO pick its kernels and buffers once: on a 2-core Zen 5,
+        ViT-S/16 and B/16 at batch 1 and 8 ran 1.00-1.07x the dynamic graph (benchmarks/openvino_runner.py)."""
         import_openvino()  # missing: the one line naming the extra comes before any other check
         threads = int(threads or torch.get_num_threads())
         if not 1 <= streams <= threads:
             raise ConfigError(f"OpenVINO streams must be between 1 and the thread count ({threads}), got {streams}")
+        if batch_size is not None and batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive number of images, got {batch_size}")
         self.path = Path(folder)
         if not self.path.is_dir():
             raise ExportError(f"{self.path}: no such OpenVINO folder (write one with `vitkit export CKPT --openvino DIR`)")
         self.meta = meta = read_meta(self.path)
         self.precision = check_precision(precision)
-        core = shared_core()
         # one stream (the LATENCY hint) runs a batch on all threads; several streams (THROUGHPUT) each run a slice
         # of the batch on their share of the threads, with no synchronisation between them: at batch 8 on a 2-core
         # Xeon with AMX, 2 streams measured 1.01-1.05x OpenVINO's LATENCY form (benchmarks/openvino_runner.py)
         self.streams = streams
-        config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision], "INFERENCE_NUM_THREADS": threads}
-        config |= {"PERFORMANCE_HINT": "LATENCY"} if streams == 1 else {"PERFORMANCE_HINT": "THROUGHPUT",
-                                                                          "NUM_STREAMS": streams}
-        try:
-            self.compiled = core.compile_model(core.read_model(self.path / IR_XML), "CPU", config)
-        except Exception as e:  # noqa: BLE001 - OpenVINO raises its own untyped errors
-            written = meta.get("openvino")
-            which = (f"written by OpenVINO {written}, this is {openvino_version()}"
-                     if written and written != openvino_version() else f"OpenVINO {openvino_version()}")
-            first = (str(e).strip().splitlines() or [""])[0][:160]
-            raise ExportError(f"{self.path}: OpenVINO cannot load this IR ({which}: {first}): write it again with "
-                              "`vitkit export CKPT --openvino DIR`") from None
-        self.requests = [self.compiled.create_infer_request() for _ in range(streams)]
+        self._config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision], "INFERENCE_NUM_THREADS": threads}
+        self._config |= {"PERFORMANCE_HINT": "LATENCY"} if streams == 1 else {"PERFORMANCE_HINT": "THROUGHPUT",
+                                                                                "NUM_STREAMS": streams}
+        self._graph = self._read(lambda: shared_core().read_model(self.path / IR_XML))
+        # the slice sizes of a `batch_size` batch (5 across 2 streams: 3 and 2) get fixed-shape graphs
+        self.static_sizes = (sorted({len(part) for part in np.array_split(range(batch_size), min(streams, batch_size))})
+                             if batch_size else [])
+        self._requests: dict[int | None, list] = {}  # batch size (None: dynamic) -> one infer request a stream
+        for size in self.static_sizes or [None]:
+            self._requests_for(size)  # compiled now: an IR this OpenVINO cannot load fails here, not mid-run
         family = get_family(meta.get("family", "vit"))
         self.cfg = family.config.from_dict(meta["config"]) if "config" in meta else None
         self.preprocess = Preprocess.from_dict(meta["preprocess"]) if meta.get("preprocess") else None
@@ -231,10 +234,36 @@ class OpenVinoRunner(InferenceOnly):
         self.provenance = dict(meta.get("provenance") or {})
         self.output = meta.get("output", "logits")
         self.num_features = int(meta.get("num_features") or 0)
-        self.num_classes = getattr(self.cfg, "num_classes", None) or self.compiled.outputs[0].partial_shape[-1].get_length()
+        self.num_classes = getattr(self.cfg, "num_classes", None) or self._graph.outputs[0].partial_shape[-1].get_length()
         # [C, H, W] of one image: OpenVINO itself answered a batch of the wrong channel count with an empty output
         self.image_shape = tuple(d.get_length() if d.is_static else None
-                                 for d in self.compiled.inputs[0].partial_shape[1:])
+                                 for d in self._graph.inputs[0].partial_shape[1:])
+
+    def _read(self, load):
+        """`load()`, with OpenVINO's untyped errors as one ExportError naming what to do."""
+        try:
+            return load()
+        except Exception as e:  # noqa: BLE001 - OpenVINO raises its own untyped errors
+            written = self.meta.get("openvino")
+            which = (f"written by OpenVINO {written}, this is {openvino_version()}"
+                     if written and written != openvino_version() else f"OpenVINO {openvino_version()}")
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            raise ExportError(f"{self.path}: OpenVINO cannot load this IR ({which}: {first}): write it again with "
+                              "`vitkit export CKPT --openvino DIR`") from None
+
+    def _requests_for(self, size: int | None) -> list:
+        """One infer request a stream on the graph compiled for batches of `size` (None: any batch size)."""
+        if size not in self._requests:
+            def compile_():
+                graph = self._graph
+                if size is not None:
+                    graph = graph.clone()  # reshape changes the graph in place: the dynamic one stays as read
+                    graph.reshape([size, *graph.inputs[0].partial_shape[1:]])  # [size, C, H, W]
+                return shared_core().compile_model(graph, "CPU", self._config)
+
+            compiled = self._read(compile_)
+            self._requests[size] = [compiled.create_infer_request() for _ in range(self.streams)]
+        return self._requests[size]
 
     def __call__(self, images):
         as_tensor = isinstance(images, torch.Tensor)
@@ -243,13 +272,20 @@ class OpenVinoRunner(InferenceOnly):
             want = ", ".join("?" if d is None else str(d) for d in self.image_shape)
             raise ConfigError(f"{self.path}: this OpenVINO model takes batches [B, {want}], got "
                               f"{list(x.shape)}: preprocess the images as its vitkit.json says")
-        if self.streams == 1 or len(x) == 1:
-            out = np.array(self.requests[0].infer([x])[0], copy=True)  # the request reuses its output buffer
+        # [b_i, C, H, W] each, in order; OpenVINO reads them in place (share_inputs): they live until the results
+        slices = [np.ascontiguousarray(part) for part in np.array_split(x, max(1, min(self.streams, len(x))))]
+        taken: dict[int | None, int] = {}  # requests of each graph in use
+        busy = []
+        for part in slices:
+            size = len(part) if len(part) in self.static_sizes else None
+            request = self._requests_for(size)[taken.get(size, 0)]
+            taken[size] = taken.get(size, 0) + 1
+            busy.append(request)
+        if len(busy) == 1:
+            out = np.array(busy[0].infer([slices[0]], share_inputs=True)[0], copy=True)  # the request reuses its buffer
         else:
-            slices = np.array_split(x, min(self.streams, len(x)))  # [b_i, C, H, W] each, in order
-            busy = self.requests[:len(slices)]
             for request, part in zip(busy, slices):
-                request.start_async([np.ascontiguousarray(part)])
+                request.start_async([part], share_inputs=True)
             for request in busy:
                 request.wait()
             out = np.concatenate([np.array(request.get_output_tensor(0).data, copy=True) for request in busy])

@@ -7,8 +7,8 @@ Backends: torch (eager), compile (torch.compile), onnx (ONNX Runtime: an .onnx f
 on first use), openvino (an IR folder, or the model converted on first use and cached by content hash; see
 export/openvino.py). `features=True` gives the pooled features [B, D] instead of the logits.
 
-"auto" picks the fastest of torch, OpenVINO (one stream, and where the batch and threads allow, a stream per
-thread each running a slice of the batch) and ONNX Runtime (those installed; ONNX Runtime only for logits and
+"auto" picks the fastest of torch, OpenVINO (its graph compiled for the batch size at hand; one stream, and where
+the batch and threads allow, a stream per thread each running a slice of the batch) and ONNX Runtime (those installed; ONNX Runtime only for logits and
 where fp32 is allowed: it has no bf16) for the batch size at hand by a short paired measurement (vitkit.timing;
 leaders within CLOSE_CALL of each other timed again, longer), cached per machine (hardware.machine_key plus the
 OpenVINO version) and model in $VITKIT_CACHE/runtimes.json; with VITKIT_MEASURE=0 it is torch. A corrupt or
@@ -39,6 +39,10 @@ AUTO_CANDIDATES = ("torch", "openvino", "onnx")  # what "auto" measures (compile
 # in `vitkit bench`'s rounds (BENCHMARKS.md, the runtimes comparison on a Zen 4 again)
 CLOSE_CALL = 0.03
 CLOSE_CALL_REPEATS = 15
+AUTO_BATCH = 8  # the batch "auto" measures at when the caller names none
+# bumped when what "auto" times changes, so older cache entries are measured again (2: OpenVINO on a graph with
+# the batch fixed)
+METHOD = 2
 
 
 class Runner(InferenceOnly):
@@ -67,12 +71,14 @@ class Runner(InferenceOnly):
 
 
 def runner(model_or_path, backend: str = "auto", precision: str = "auto", *, features: bool = False,
-           batch_size: int = 8, threads: int | None = None, streams: int = 1) -> Runner:
+           batch_size: int | None = None, threads: int | None = None, streams: int = 1) -> Runner:
     """A Runner for a model, a checkpoint (anything `load_model` reads), an .onnx file or an OpenVINO IR folder.
 
     `backend`: auto | torch | compile | onnx | openvino; `precision`: auto | fp32 | bf16 (bf16 where the
-    backend has it: torch, compile, openvino). `batch_size`: the batch "auto" measures at. `streams`: OpenVINO
-    streams a batch is split across (1: OpenVINO's LATENCY hint); "auto" measures 1 against one per thread."""
+    backend has it: torch, compile, openvino). `batch_size`: the batch the runner is built for: "auto" measures
+    at it (8 when not given), and OpenVINO compiles its graph with that batch fixed (other sizes still run, on a
+    batch-dynamic graph compiled when first needed). `streams`: OpenVINO streams a batch is split across (1:
+    OpenVINO's LATENCY hint); "auto" measures 1 against one per thread."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if precision not in PRECISIONS:
@@ -82,11 +88,13 @@ def runner(model_or_path, backend: str = "auto", precision: str = "auto", *, fea
         raise ConfigError(f"{model_or_path} is an exported {exported} model: it runs with backend {exported}, "
                           f"not {backend}")
     if exported:
-        return _build(model_or_path, exported, _precision(precision, exported), features, threads, streams)
+        return _build(model_or_path, exported, _precision(precision, exported), features, threads, streams,
+                      batch_size)
     model = _load(model_or_path)
     if backend == "auto":
+        batch_size = batch_size or AUTO_BATCH
         backend, streams = _auto_backend(model, precision, features, batch_size, threads)
-    return _build(model, backend, _precision(precision, backend), features, threads, streams)
+    return _build(model, backend, _precision(precision, backend), features, threads, streams, batch_size)
 
 
 def _exported_backend(source) -> str | None:
@@ -120,7 +128,8 @@ def _precision(asked: str, backend: str) -> str:
     return asked
 
 
-def _build(source, backend: str, precision: str, features: bool, threads: int | None, streams: int = 1) -> Runner:
+def _build(source, backend: str, precision: str, features: bool, threads: int | None, streams: int = 1,
+           batch_size: int | None = None) -> Runner:
     if streams != 1 and backend != "openvino":
         raise ConfigError(f"streams split a batch across OpenVINO's streams: backend {backend} runs one")
     if backend == "openvino":
@@ -128,7 +137,7 @@ def _build(source, backend: str, precision: str, features: bool, threads: int | 
 
         check_precision(precision)  # before converting: bf16 on a CPU without it is refused at once
         folder = source if _exported_backend(source) else converted(source, "features" if features else "logits")
-        ov = OpenVinoRunner(folder, precision=precision, threads=threads, streams=streams)
+        ov = OpenVinoRunner(folder, precision=precision, threads=threads, streams=streams, batch_size=batch_size)
         if (ov.output == "features") != features:
             raise ConfigError(f"{folder} gives {ov.output}, not {'features' if features else 'logits'}: export it "
                               f"{'with' if features else 'without'} features, or give the checkpoint")
@@ -204,8 +213,8 @@ def _auto_backend(model, precision: str, features: bool, batch_size: int, thread
     from .openvino import model_digest, openvino_version
 
     chosen = {name: _precision(precision, b) for name, (b, _) in candidates.items()}
-    key = " | ".join([machine_key(detect()), f"openvino {openvino_version()}", model_digest(model),
-                      f"batch {batch_size}", "features" if features else "logits",
+    key = " | ".join([f"method {METHOD}", machine_key(detect()), f"openvino {openvino_version()}",
+                      model_digest(model), f"batch {batch_size}", "features" if features else "logits",
                       ",".join(f"{b}:{p}" for b, p in chosen.items())])
     path = _cache_file()
     try:
@@ -220,7 +229,7 @@ def _auto_backend(model, precision: str, features: bool, batch_size: int, thread
     note_once(f"timing {' vs '.join(candidates)} once for this model at batch {batch_size} (cached in {path})")
     C, (H, W) = model.cfg.in_chans, model.cfg.img_size
     x = torch.randn(batch_size, C, H, W, generator=torch.Generator().manual_seed(0))
-    runs = {name: _build(model, b, chosen[name], features, threads, streams)
+    runs = {name: _build(model, b, chosen[name], features, threads, streams, batch_size)
             for name, (b, streams) in candidates.items()}
     best, medians, close = fastest({b: (lambda r=r: r(x)) for b, r in runs.items()})
     cache[key] = {"backend": best, "seconds_per_batch": medians, **({"close_call": close} if close else {})}
