@@ -105,15 +105,16 @@ def img_size(text: str) -> int | tuple[int, int]:
     return parts[0] if len(parts) == 1 else (parts[0], parts[1])
 
 
-def load_backend(checkpoint: str, backend: str = "torch", precision: str = "auto"):
+def load_backend(checkpoint: str, backend: str = "torch", precision: str = "auto", batch_size: int | None = None):
     """A model to run: any checkpoint of any family through PyTorch (a file, a run folder, `bundled:NAME` or a
     pretrained `name.tag`), or an exported .onnx file through ONNX Runtime (same call interface,
     preprocessing and class names from its metadata). An .onnx file runs in ONNX Runtime whatever `backend`
-    says, with a note. `openvino`: an IR folder, or a checkpoint converted on first use (`vitkit.runner`)."""
+    says, with a note. `openvino`: an IR folder, or a checkpoint converted on first use (`vitkit.runner`), its
+    graph compiled for batches of `batch_size` where given (others run on the batch-dynamic graph)."""
     if backend == "openvino":
         from ..export.runner import runner
 
-        return runner(checkpoint, backend="openvino", precision=precision)
+        return runner(checkpoint, backend="openvino", precision=precision, batch_size=batch_size)
     if backend != "onnx" and str(checkpoint).lower().endswith(".onnx"):
         from ..weights.notes import note_once
 

@@ -100,7 +100,7 @@ def run(args) -> int:
     if detected is not None:
         return detected
     model = _zeroshot_model(args) if args.zeroshot else with_patch_size(
-        load_backend(args.checkpoint, args.backend, args.precision), args)
+        load_backend(args.checkpoint, args.backend, args.precision, batch_size=args.batch_size), args)
     prov = getattr(model, "provenance", None) or (getattr(model, "meta", None) or {}).get("provenance") or {}
     trained = training_data(str(args.checkpoint), prov)
     data = args.data or trained["data"]
