@@ -201,7 +201,9 @@ class OpenVinoRunner(InferenceOnly):
         """`batch_size`: the batch the runner is built for. Its graph (each stream's slice of it) is compiled with
         that batch fixed; any other batch size runs the batch-dynamic graph, compiled when first needed. None:
         batch-dynamic only. Fixed shapes let OpenVINO pick its kernels and buffers once: on a 2-core Zen 5,
-        ViT-S/16 and B/16 at batch 1 and 8 ran 1.00-1.07x the dynamic graph (benchmarks/openvino_runner.py)."""
+        ViT-S/16 and B/16 at batch 1 and 8, fp32 and bf16, the runner so built ran 1.00-1.04x OpenVINO called
+        directly, the batch-dynamic one 0.98-1.01x (benchmarks/openvino_runner.py, BENCHMARKS.md). Each compiled
+        graph holds its own copy of the weights."""
         import_openvino()  # missing: the one line naming the extra comes before any other check
         threads = int(threads or torch.get_num_threads())
         if not 1 <= streams <= threads:

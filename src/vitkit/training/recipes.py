@@ -274,7 +274,8 @@ _preset(Recipe(
              "(2026-12-06, 59-65 img/s): 0.75 epochs, 89.32% in 873 s; a slower Zen 4 again (2026-12-06, "
              "124-129 img/s): 2 epochs, 91.32/91.33/91.53% in 840-877 s, and capped at AVX2 (fp32, 61-62 img/s): "
              "0.77 epochs, 89.20/88.60/89.31% in 846-866 s; a 2-core Zen 5 (2026-12-06, 172-196 img/s): 3 epochs, "
-             "92.09/92.17/92.17% in 838-872 s",
+             "92.09/92.17/92.17% in 838-872 s, and capped at AVX2 (2026-12-07, fp32, 62-70 img/s): 0.79-0.92 "
+             "epochs, 89.79/88.69/90.01% in 846-877 s",
     data="fashion-mnist", model="resnet18", time_budget_s=900.0, epochs=2, batch_size=128, lr=2e-3, min_lr=2e-5, warmup_epochs=0.1,
     weight_decay=0.05, label_smoothing=0.1, crop="pad", crop_padding=2, hflip=0.5, ema=False, bf16=True,
     eval_batch_size=500,  # convolutions use both threads well; augmentation is cheap next to them
@@ -296,7 +297,9 @@ _preset(PRESETS["fashion-mnist"].replace(  # the same training, another stem
              "NOT on every seed on a Xeon; measured (BENCHMARKS.md, 'A depthwise conv in every MLP' and the sections "
              "after it), seeds 0/1/2, each paired with the ResNet-18's run of the same seed: on a 2-core Zen 5 "
              "(2026-12-06, 14-16 epochs) 92.22/92.51/92.65% against 92.09/92.17/92.17% (3 epochs), ahead on every "
-             "seed (+0.13, +0.34, +0.48) in 869-876 s; on a slower 2-core Zen "
+             "seed (+0.13, +0.34, +0.48) in 869-876 s, and capped at AVX2 (2026-12-07, fp32, 6-7 epochs) "
+             "90.50/91.14/91.42% against 89.79/88.69/90.01%, ahead on every seed (+0.71, +2.45, +1.41) in 864-875 s, "
+             ">= 91% on seeds 1 and 2; on a slower 2-core Zen "
              "4 (2026-12-06, 11-12 epochs) 91.76/92.09/92.01% against 91.32/91.33/91.53%, ahead on every seed "
              "(+0.44, +0.76, +0.48) in 867-882 s; on a 2-core Xeon with AMX (2026-12-06) in three host states: slow "
              "(11-12 epochs) 91.99/91.92/92.21% against 91.57/91.66/91.72%; faster (12-13 epochs) "
