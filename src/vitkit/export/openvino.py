@@ -224,8 +224,7 @@ class OpenVinoRunner(InferenceOnly):
                                                                                 "NUM_STREAMS": streams}
         self._graph = self._read(lambda: shared_core().read_model(self.path / IR_XML))
         # the slice sizes of a `batch_size` batch (5 across 2 streams: 3 and 2) get fixed-shape graphs
-        self.static_sizes = (sorted({len(part) for part in np.array_split(range(batch_size), min(streams, batch_size))})
-                             if batch_size else [])
+        self.static_sizes = sorted({len(part) for part in self._split(range(batch_size))}) if batch_size else []
         self._requests: dict[int | None, list] = {}  # batch size (None: dynamic) -> one infer request a stream
         for size in self.static_sizes or [None]:
             self._requests_for(size)  # compiled now: an IR this OpenVINO cannot load fails here, not mid-run
@@ -253,6 +252,10 @@ class OpenVinoRunner(InferenceOnly):
             raise ExportError(f"{self.path}: OpenVINO cannot load this IR ({which}: {first}): write it again with "
                               "`vitkit export CKPT --openvino DIR`") from None
 
+    def _split(self, batch):
+        """`batch` cut along its first axis into one slice a stream, in order (fewer where it has fewer items)."""
+        return np.array_split(batch, max(1, min(self.streams, len(batch))))
+
     def _requests_for(self, size: int | None) -> list:
         """One infer request a stream on the graph compiled for batches of `size` (None: any batch size)."""
         if size not in self._requests:
@@ -275,14 +278,10 @@ class OpenVinoRunner(InferenceOnly):
             raise ConfigError(f"{self.path}: this OpenVINO model takes batches [B, {want}], got "
                               f"{list(x.shape)}: preprocess the images as its vitkit.json says")
         # [b_i, C, H, W] each, in order; OpenVINO reads them in place (share_inputs): they live until the results
-        slices = [np.ascontiguousarray(part) for part in np.array_split(x, max(1, min(self.streams, len(x))))]
-        taken: dict[int | None, int] = {}  # requests of each graph in use
-        busy = []
-        for part in slices:
-            size = len(part) if len(part) in self.static_sizes else None
-            request = self._requests_for(size)[taken.get(size, 0)]
-            taken[size] = taken.get(size, 0) + 1
-            busy.append(request)
+        slices = [np.ascontiguousarray(part) for part in self._split(x)]
+        # slice i runs on request i of its graph's (one a stream): slices on the same graph never share one
+        busy = [self._requests_for(len(part) if len(part) in self.static_sizes else None)[i]
+                for i, part in enumerate(slices)]
         if len(busy) == 1:
             out = np.array(busy[0].infer([slices[0]], share_inputs=True)[0], copy=True)  # the request reuses its buffer
         else:

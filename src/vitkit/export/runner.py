@@ -8,12 +8,12 @@ on first use), openvino (an IR folder, or the model converted on first use and c
 export/openvino.py). `features=True` gives the pooled features [B, D] instead of the logits.
 
 "auto" picks the fastest of torch, OpenVINO (its graph compiled for the batch size at hand; one stream, and where
-the batch and threads allow, a stream per thread each running a slice of the batch) and ONNX Runtime (those installed; ONNX Runtime only for logits and
-where fp32 is allowed: it has no bf16) for the batch size at hand by a short paired measurement (vitkit.timing;
-leaders within CLOSE_CALL of each other timed again, longer), cached per machine (hardware.machine_key plus the
-OpenVINO version) and model in $VITKIT_CACHE/runtimes.json; with VITKIT_MEASURE=0 it is torch. A corrupt or
-unwritable cache means measuring again, never a crash. Precision "auto" is the machine's inference decision
-(vitkit.hardware: bf16 only where the CPU has native bf16).
+the batch and threads allow, a stream per thread each running a slice of the batch) and ONNX Runtime (those
+installed; ONNX Runtime only for logits and where fp32 is allowed: it has no bf16) for the batch size at hand by a
+short paired measurement (vitkit.timing; leaders within CLOSE_CALL of each other timed again, longer), cached per
+machine (hardware.machine_key plus the OpenVINO version) and model in $VITKIT_CACHE/runtimes.json; with
+VITKIT_MEASURE=0 it is torch. A corrupt or unwritable cache means measuring again, never a crash. Precision "auto"
+is the machine's inference decision (vitkit.hardware: bf16 only where the CPU has native bf16).
 """
 from __future__ import annotations
 
